@@ -1,0 +1,38 @@
+# pdctl: `make lab` starts the lab, `make test` runs every test. Both create .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-test
+
+.PHONY: lab test lint typecheck unit integration bench-router clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+# Until the vLLM backend lands (issue 3) the lab runs the simulated fleet.
+lab: $(STAMP)
+	$(BIN)/pdctl lab --backend sim
+
+test: lint typecheck
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check controller dashboard tests scripts
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit
+
+integration: $(STAMP)
+	$(BIN)/pytest tests/integration
+
+bench-router: $(STAMP)
+	$(BIN)/python scripts/bench_router.py
+
+clean:
+	rm -rf $(VENV) .pdctl .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,143 @@
+"""``create_app``: builds one controller (store, launcher, cluster, router) and its routes.
+
+The lifespan starts the reconcile and load-polling loops and, on the way out, stops every
+instance the controller started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from controller.api import control, data
+from controller.api.state import AppState
+from controller.cluster import Cluster
+from controller.config import Settings
+from controller.errors import ConfigError, InvalidChange, PdctlError
+from controller.launchers.base import Launcher
+from controller.launchers.external import ExternalLauncher
+from controller.launchers.sim import SimLauncher
+from controller.metrics import Metrics
+from controller.models import Role
+from controller.requests_log import RequestLog
+from controller.router.proxy import Proxy
+from controller.store import Store
+from controller.tokens import make_counter
+
+log = logging.getLogger("pdctl.controller")
+
+
+def ensure_token(state_dir: Path) -> str:
+    """The API token in ``state_dir/token``, created owner-only on first start."""
+    path = state_dir / "token"
+    if path.exists():
+        return path.read_text().strip()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+def make_launcher(settings: Settings) -> Launcher:
+    if settings.backend == "sim":
+        return SimLauncher(settings)
+    if settings.backend == "external":
+        return ExternalLauncher({Role.PREFILL: settings.pools.prefill.urls,
+                                 Role.DECODE: settings.pools.decode.urls})
+    raise ConfigError("backend 'vllm' is not available in this build yet: the vLLM launcher "
+                      "is tracked as issue 3; use backend 'sim' or 'external'")
+
+
+def _data_client(settings: Settings) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024)
+    timeout = httpx.Timeout(settings.routing.request_timeout_s, connect=5.0)
+    return httpx.AsyncClient(limits=limits, timeout=timeout)
+
+
+def build_state(settings: Settings, launcher: Launcher | None = None) -> AppState:
+    state_dir = settings.controller.state_dir
+    state_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(state_dir / "state.db")
+    client = _data_client(settings)
+    probe_client = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
+    cluster = Cluster(settings, store, launcher or make_launcher(settings), probe_client)
+    metrics = Metrics()
+    metrics.attach(cluster)
+    requests = RequestLog(settings.controller.request_buffer)
+    proxy = Proxy(cluster, client, make_counter(settings.model.path), requests, metrics)
+    return AppState(settings, store, cluster, proxy, requests, metrics, client,
+                    ensure_token(state_dir))
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    st: AppState = app.state.pdctl
+    st.store.record("controller", "controller.start", "controller", None,
+                    {"backend": st.settings.backend, "model": st.settings.model.name})
+    tasks = [asyncio.create_task(st.cluster.run()),
+             asyncio.create_task(st.cluster.run_load_poller())]
+    try:
+        yield
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await st.cluster.shutdown()
+        await st.client.aclose()
+        await st.cluster.client.aclose()
+        st.store.record("controller", "controller.stop", "controller")
+        st.store.close()
+
+
+def _detail(exc: PdctlError) -> dict[str, Any]:
+    out: dict[str, Any] = {"detail": str(exc)}
+    if isinstance(exc, InvalidChange) and exc.field:
+        out["field"] = exc.field
+    return out
+
+
+def create_app(settings: Settings, launcher: Launcher | None = None) -> FastAPI:
+    app = FastAPI(title="pdctl controller", lifespan=lifespan, docs_url="/docs",
+                  redoc_url=None)
+    app.state.pdctl = build_state(settings, launcher)
+
+    @app.exception_handler(PdctlError)
+    async def _pdctl_error(request: Request, exc: PdctlError) -> JSONResponse:
+        return JSONResponse(_detail(exc), status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = []
+        for e in exc.errors():
+            loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
+            parts.append(f"{loc}: {e.get('msg')}" if loc else str(e.get("msg")))
+        return JSONResponse({"detail": "; ".join(parts)}, status_code=422)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        c = app.state.pdctl.cluster
+        return {"status": "ok", "ready": {r.value: len(c.ready(r)) for r in Role}}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(app.state.pdctl.metrics.registry),
+                        media_type=CONTENT_TYPE_LATEST)
+
+    app.include_router(data.router)
+    app.include_router(control.router)
+    return app

@@ -1,0 +1,171 @@
+"""Control plane routes (``/api/v1/*``): token auth, ``{"detail": ...}`` errors."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+
+from controller import advisor, profiles
+from controller.api.state import AppState, app_state
+from controller.config import PolicyName
+from controller.errors import NotFound, Unauthorized
+from controller.models import InstanceState, Role
+from controller.requests_log import stats
+
+
+def require_token(request: Request) -> None:
+    expected = app_state(request).token
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip(), expected):
+        raise Unauthorized("missing or invalid bearer token (see STATE_DIR/token)")
+
+
+router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token)])
+State = Annotated[AppState, Depends(app_state)]
+
+
+class PoolUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    size: int | None = Field(None, ge=0, le=10_000)
+    tp: int | None = Field(None, ge=1, le=1024)
+
+
+class RoutingUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    disagg_min_prompt_tokens: int | None = Field(None, ge=0)
+    transfer_alert_share: float | None = Field(None, gt=0, le=1)
+    prefill_policy: PolicyName | None = None
+    decode_policy: PolicyName | None = None
+    max_attempts: int | None = Field(None, ge=1, le=10)
+    request_timeout_s: float | None = Field(None, gt=0)
+
+
+def actor(request: Request) -> str:
+    return request.headers.get("x-pdctl-actor", "api")
+
+
+@router.get("/cluster")
+def get_cluster(st: State) -> dict[str, Any]:
+    s, c = st.settings, st.cluster
+    m = c.model
+    return {
+        "model": {"name": s.model.name, "served_name": s.model.public_name,
+                  "params": m.params, "layers": m.layers, "heads": m.heads,
+                  "kv_heads": m.kv_heads, "head_dim": m.head_dim,
+                  "kv_bytes_per_token": m.kv_bytes_per_token},
+        "backend": s.backend,
+        "hardware": {"accelerator": s.hardware.accelerator,
+                     "accelerators_per_node": s.hardware.per_node, "nodes": s.hardware.nodes,
+                     "total_accelerators": s.hardware.total_accelerators,
+                     "used_accelerators": c.used_accelerators(),
+                     "kv_link": s.hardware.kv_link},
+        "pools": {r.value: c.pool_view(r) for r in Role},
+        "routing": c.routing.model_dump(),
+        "instances": [i.public() for i in c.instances.values()],
+    }
+
+
+@router.patch("/pools/{role}")
+def patch_pool(role: Role, body: PoolUpdate, st: State, request: Request) -> dict[str, Any]:
+    st.cluster.set_pool(role, body.size, body.tp, actor(request))
+    return st.cluster.pool_view(role)
+
+
+@router.get("/pools/{role}")
+def get_pool(role: Role, st: State) -> dict[str, Any]:
+    return st.cluster.pool_view(role)
+
+
+@router.get("/instances")
+def list_instances(st: State, role: Role | None = None,
+                   state: InstanceState | None = None) -> list[dict[str, Any]]:
+    return [i.public() for i in st.cluster.instances.values()
+            if (role is None or i.role is role) and (state is None or i.state is state)]
+
+
+@router.get("/instances/{instance_id}")
+def get_instance(instance_id: str, st: State) -> dict[str, Any]:
+    inst = st.cluster.instances.get(instance_id)
+    if inst is None:
+        raise NotFound(f"no instance {instance_id!r}")
+    return inst.public()
+
+
+@router.get("/instances/{instance_id}/log")
+def instance_log(instance_id: str, st: State,
+                 lines: Annotated[int, Query(ge=1, le=5000)] = 100) -> dict[str, Any]:
+    inst = st.cluster.instances.get(instance_id)
+    if inst is None:
+        raise NotFound(f"no instance {instance_id!r}")
+    return {"id": inst.id, "log": st.cluster.launcher.log_tail(inst.handle, lines)}
+
+
+@router.post("/instances/{instance_id}/drain")
+def drain_instance(instance_id: str, st: State, request: Request) -> dict[str, Any]:
+    return st.cluster.drain(instance_id, actor(request)).public()
+
+
+@router.get("/routing")
+def get_routing(st: State) -> dict[str, Any]:
+    return st.cluster.routing.model_dump()
+
+
+@router.patch("/routing")
+def patch_routing(body: RoutingUpdate, st: State, request: Request) -> dict[str, Any]:
+    patch = body.model_dump(exclude_unset=True)
+    return st.cluster.set_routing(patch, actor(request)).model_dump()
+
+
+@router.get("/requests")
+def list_requests(st: State, limit: Annotated[int, Query(ge=1, le=10_000)] = 100
+                  ) -> list[dict[str, Any]]:
+    return [r.public() for r in st.requests.recent(limit)]
+
+
+def pool_utilization(st: AppState) -> dict[str, Any]:
+    out = {}
+    for role in Role:
+        ready = st.cluster.ready(role)
+        n = len(ready)
+        out[role.value] = {
+            "ready_instances": n,
+            "inflight": sum(i.inflight for i in ready),
+            "running": sum(i.running for i in ready),
+            "waiting": sum(i.waiting for i in ready),
+            "busy_share": sum(1 for i in ready if i.inflight or i.running) / n if n else 0.0,
+            "kv_cache_usage_mean": sum(i.kv_usage for i in ready) / n if n else 0.0,
+        }
+    return out
+
+
+@router.get("/stats")
+def get_stats(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 60.0
+              ) -> dict[str, Any]:
+    records = st.requests.window(window_s)
+    out = stats(records, window_s, st.cluster.routing.transfer_alert_share)
+    out["pools"] = pool_utilization(st)
+    out["total_requests"] = st.requests.total
+    return out
+
+
+@router.get("/advisor")
+def get_advisor(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 600.0
+                ) -> dict[str, Any]:
+    c = st.cluster
+    decode = c.ready(Role.DECODE)
+    batch = sum(i.running for i in decode) / len(decode) if decode else None
+    return advisor.advise(c.model, c.hw, profiles.link(st.settings.hardware.kv_link),
+                          c.targets[Role.PREFILL].tp, c.targets[Role.DECODE].tp,
+                          st.requests.window(window_s), batch,
+                          c.routing.transfer_alert_share)
+
+
+@router.get("/events")
+def list_events(st: State, limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+                since_id: int = 0, kind: str | None = None) -> list[dict[str, Any]]:
+    return st.store.events(limit, since_id, kind)

@@ -1,0 +1,32 @@
+"""The objects one controller app owns, built by ``create_app`` and reached from requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+from starlette.requests import Request
+
+from controller.cluster import Cluster
+from controller.config import Settings
+from controller.metrics import Metrics
+from controller.requests_log import RequestLog
+from controller.router.proxy import Proxy
+from controller.store import Store
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    store: Store
+    cluster: Cluster
+    proxy: Proxy
+    requests: RequestLog
+    metrics: Metrics
+    client: httpx.AsyncClient
+    token: str
+
+
+def app_state(request: Request) -> AppState:
+    state: AppState = request.app.state.pdctl
+    return state

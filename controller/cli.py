@@ -1,0 +1,44 @@
+"""``pdctl``: the command line. Server verbs (lab, controller, engine-sim) and thin clients of
+the REST API (status, scale, tp, route)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from controller import client_cli, serve
+
+EPILOG = """\
+examples:
+  pdctl lab --backend sim                  simulated 1 prefill + 1 decode fleet on :8080
+  pdctl status                             pools, instances and load of the running controller
+  pdctl scale decode 3 --wait              resize the decode pool and wait until it converges
+  pdctl tp decode 4                        rolling TP change of the decode pool
+  pdctl route disagg_min_prompt_tokens=1024 decode_policy=round_robin
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pdctl", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+        description="Control plane for prefill/decode-disaggregated LLM serving.")
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    serve.add_lab_parser(sub)
+    serve.add_controller_parser(sub)
+    serve.add_engine_sim_parser(sub)
+    client_cli.add_parsers(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    run: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

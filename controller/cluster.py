@@ -1,0 +1,432 @@
+"""The cluster: desired pools, the instance registry, and the loop that converges them.
+
+This is the one place that knows pool membership. The loop observes (process exits, health,
+engine load), asks ``reconciler.plan`` what to do, and applies the actions through the
+launcher. Every accepted change and every instance transition lands in the audit log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from controller import placement, validation
+from controller.config import RoutingSettings, Settings
+from controller.errors import InvalidChange, LaunchError, NotFound
+from controller.launchers.base import Launched, Launcher, LaunchSpec
+from controller.models import Instance, InstanceState, Role
+from controller.reconciler import Action, Drain, Observed, PlanInput, PoolTarget, Start, Stop, plan
+from controller.router.policies import Policy, make_policy
+from controller.store import Store
+
+log = logging.getLogger("pdctl.cluster")
+
+RETAIN_TERMINAL_S = 120.0
+SUSPECT_S = 2.0
+MAX_BACKOFF_S = 30.0
+LOAD_GAUGES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+}
+
+
+def parse_load(text: str) -> dict[str, float]:
+    """Sum the load gauges of a vLLM /metrics page (one engine may expose several series)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        field = LOAD_GAUGES.get(name)
+        if field:
+            with contextlib.suppress(ValueError, IndexError):
+                out[field] = out.get(field, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+class Cluster:
+    def __init__(self, settings: Settings, store: Store, launcher: Launcher,
+                 client: httpx.AsyncClient, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.store = store
+        self.launcher = launcher
+        self.client = client
+        self.clock = clock
+        self.model = settings.model_profile
+        self.hw = settings.hardware.profile
+        self.instances: dict[str, Instance] = {}
+        self.targets = self._initial_targets()
+        self.routing = self._initial_routing()
+        self._policies: dict[Role, Policy] = {}
+        self._ready: dict[Role, list[Instance]] = {r: [] for r in Role}
+        self._stopping: set[str] = set()
+        self._fail_streak: dict[Role, int] = dict.fromkeys(Role, 0)
+        self._backoff_until: dict[Role, float] = dict.fromkeys(Role, 0.0)
+        self._last_health: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._wake = asyncio.Event()
+        self._reset_policies()
+
+    # ---- desired state ---------------------------------------------------------------
+
+    def _config_targets(self) -> dict[Role, PoolTarget]:
+        p = self.settings.pools
+        return {Role.PREFILL: PoolTarget(p.prefill.size, p.prefill.tp),
+                Role.DECODE: PoolTarget(p.decode.size, p.decode.tp)}
+
+    def _initial_targets(self) -> dict[Role, PoolTarget]:
+        config = self._config_targets()
+        stored = self.store.get("desired")
+        if stored is None or not self.launcher.managed:
+            self.store.put("desired", _targets_json(config))
+            return config
+        targets = {Role(r): PoolTarget(int(v["size"]), int(v["tp"])) for r, v in stored.items()}
+        try:
+            for role, t in targets.items():
+                validation.check_tp(self.model, self.hw, self.settings.hardware.per_node,
+                                    t.tp, role)
+            validation.check_pairing(targets[Role.PREFILL].tp, targets[Role.DECODE].tp)
+            validation.check_capacity(targets, self.settings.hardware.per_node,
+                                      self.settings.hardware.nodes)
+        except (InvalidChange, KeyError) as exc:
+            self.store.record("controller", "desired.reset", "pools", _targets_json(targets),
+                              _targets_json(config), f"stored pools invalid here: {exc}")
+            self.store.put("desired", _targets_json(config))
+            return config
+        return targets
+
+    def _initial_routing(self) -> RoutingSettings:
+        stored = self.store.get("routing")
+        if stored is not None:
+            with contextlib.suppress(ValueError):
+                return RoutingSettings.model_validate(stored)
+        self.store.put("routing", self.settings.routing.model_dump())
+        return self.settings.routing
+
+    def _reset_policies(self) -> None:
+        self._policies = {Role.PREFILL: make_policy(self.routing.prefill_policy),
+                          Role.DECODE: make_policy(self.routing.decode_policy)}
+
+    def set_pool(self, role: Role, size: int | None, tp: int | None, actor: str
+                 ) -> PoolTarget:
+        """Validate and apply a desired-state change; raises InvalidChange, changes nothing."""
+        hw = self.settings.hardware
+        new = validation.check_change(
+            self.targets, role, size, tp, model=self.model, hw=self.hw,
+            per_node=hw.per_node, nodes=hw.nodes, managed=self.launcher.managed)
+        before = _target_json(self.targets[role])
+        self.targets = new
+        self.store.put("desired", _targets_json(new))
+        self.store.record(actor, "pool.update", role.value, before, _target_json(new[role]))
+        self._wake.set()
+        return new[role]
+
+    def set_routing(self, patch: dict[str, Any], actor: str) -> RoutingSettings:
+        if not patch:
+            raise InvalidChange("nothing to change: give at least one routing field")
+        before = self.routing.model_dump()
+        try:
+            new = RoutingSettings.model_validate({**before, **patch})
+        except ValueError as exc:
+            raise InvalidChange(str(exc)) from None
+        self.routing = new
+        self.store.put("routing", new.model_dump())
+        changed = {k: v for k, v in new.model_dump().items() if before.get(k) != v}
+        self.store.record(actor, "routing.update", "routing",
+                          {k: before[k] for k in changed}, changed)
+        if {"prefill_policy", "decode_policy"} & changed.keys():
+            self._reset_policies()
+        return new
+
+    def drain(self, instance_id: str, actor: str) -> Instance:
+        inst = self.instances.get(instance_id)
+        if inst is None:
+            raise NotFound(f"no instance {instance_id!r}")
+        if inst.state not in (InstanceState.READY, InstanceState.STARTING):
+            raise InvalidChange(f"instance {instance_id} is {inst.state.value}; only ready or "
+                                "starting instances can be drained")
+        self._drain(inst, f"operator drain by {actor}", actor)
+        self._wake.set()
+        return inst
+
+    # ---- routing view ------------------------------------------------------------------
+
+    def ready(self, role: Role) -> list[Instance]:
+        return self._ready[role]
+
+    def pick(self, role: Role, exclude: set[str]) -> Instance | None:
+        """An instance of ``role`` for the next request, by the role's policy."""
+        pool = self._ready[role]
+        now = self.clock()
+        candidates = [i for i in pool if i.id not in exclude and i.suspect_until <= now]
+        if not candidates:
+            candidates = [i for i in pool if i.id not in exclude]
+        if not candidates:
+            return None
+        return self._policies[role].choose(candidates)
+
+    def report_unreachable(self, inst: Instance, error: str) -> None:
+        """The router could not reach ``inst``: avoid it briefly and check it soon."""
+        inst.suspect_until = self.clock() + SUSPECT_S
+        inst.last_error = error
+        self._last_health.pop(inst.id, None)
+        self._wake.set()
+
+    def _refresh_membership(self) -> None:
+        for role in Role:
+            self._ready[role] = sorted(
+                (i for i in self.instances.values() if i.role is role and i.state.routable),
+                key=lambda i: i.id)
+
+    # ---- transitions -------------------------------------------------------------------
+
+    def _transition(self, inst: Instance, state: InstanceState, actor: str, detail: str
+                    ) -> None:
+        before = inst.state
+        inst.state = state
+        self.store.record(actor, f"instance.{state.value}", inst.id, before.value, state.value,
+                          detail)
+        log.info("%s %s -> %s (%s)", inst.id, before.value, state.value, detail)
+        self._refresh_membership()
+
+    def _drain(self, inst: Instance, why: str, actor: str = "reconciler") -> None:
+        inst.drain_started_at = self.clock()
+        self._transition(inst, InstanceState.DRAINING, actor, why)
+
+    def _fail(self, inst: Instance, why: str) -> None:
+        inst.last_error = why
+        inst.ended_at = self.clock()
+        self._transition(inst, InstanceState.FAILED, "controller", why)
+        streak = self._fail_streak[inst.role] = self._fail_streak[inst.role] + 1
+        self._backoff_until[inst.role] = self.clock() + min(MAX_BACKOFF_S, 0.5 * 2**streak)
+        if self.launcher.exit_code(_launched(inst)) is None:
+            self._spawn(self._stop_process(inst, why, final_state=None))
+
+    # ---- the loop ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except Exception:  # the loop must survive any single bad tick
+                log.exception("reconcile tick failed")
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.controller.tick_s)
+
+    async def tick(self) -> None:
+        self._check_exits()
+        await self._check_health()
+        self._purge_terminal()
+        for action in plan(self._plan_input()):
+            await self._apply(action)
+
+    def _check_exits(self) -> None:
+        for inst in list(self.instances.values()):
+            if inst.state.terminal or inst.id in self._stopping:
+                continue
+            code = self.launcher.exit_code(_launched(inst))
+            if code is not None:
+                self._fail(inst, f"process exited with status {code}")
+
+    async def _check_health(self) -> None:
+        now = self.clock()
+        cs = self.settings.controller
+        due = []
+        for inst in self.instances.values():
+            if inst.id in self._stopping or inst.state.terminal:
+                continue
+            if inst.state is InstanceState.STARTING:
+                if now - inst.created_at > cs.start_timeout_s:
+                    self._fail(inst, f"not ready after {cs.start_timeout_s:.0f} s")
+                    continue
+                due.append(inst)
+            elif now - self._last_health.get(inst.id, 0.0) >= cs.health_interval_s:
+                due.append(inst)
+        results = await asyncio.gather(*(self._probe(i) for i in due))
+        for inst, ok in zip(due, results, strict=True):
+            self._after_probe(inst, ok, now)
+
+    async def _probe(self, inst: Instance) -> bool:
+        try:
+            r = await self.client.get(f"{inst.url}/health", timeout=2.0)
+            return r.status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _after_probe(self, inst: Instance, ok: bool, now: float) -> None:
+        self._last_health[inst.id] = now
+        if inst.state.terminal or inst.id in self._stopping:
+            return
+        if inst.state is InstanceState.STARTING:
+            if ok:
+                inst.ready_at = now
+                self._fail_streak[inst.role] = 0
+                took = now - inst.created_at
+                self._transition(inst, InstanceState.READY, "controller",
+                                 f"healthy after {took:.1f} s")
+            return
+        if ok:
+            inst.health_failures = 0
+            inst.suspect_until = 0.0
+            return
+        inst.health_failures += 1
+        if inst.health_failures >= self.settings.controller.unhealthy_after:
+            self._fail(inst, f"{inst.health_failures} failed health checks")
+
+    def _purge_terminal(self) -> None:
+        now = self.clock()
+        for inst in list(self.instances.values()):
+            if inst.state.terminal and now - (inst.ended_at or now) > RETAIN_TERMINAL_S:
+                del self.instances[inst.id]
+                self._last_health.pop(inst.id, None)
+
+    def _plan_input(self) -> PlanInput:
+        now = self.clock()
+        observed = tuple(
+            Observed(i.id, i.role, i.tp, i.state, i.inflight, i.created_at, i.drain_started_at)
+            for i in self.instances.values()
+            if not i.state.terminal and i.id not in self._stopping
+        )
+        may_start = frozenset(r for r in Role if now >= self._backoff_until[r])
+        return PlanInput(self.targets, observed, self._free_accelerators(), now,
+                         self.settings.controller.drain_timeout_s, may_start)
+
+    def _used_accelerators(self) -> set[int]:
+        used: set[int] = set()
+        for inst in self.instances.values():
+            if inst.state.holds_accelerators or inst.id in self._stopping:
+                used.update(inst.accelerators)
+        return used
+
+    def _free_accelerators(self) -> int:
+        return self.settings.hardware.total_accelerators - len(self._used_accelerators())
+
+    async def _apply(self, action: Action) -> None:
+        if isinstance(action, Start):
+            await self._start(action)
+        elif isinstance(action, Drain):
+            inst = self.instances.get(action.instance_id)
+            if inst is not None and inst.state is InstanceState.READY:
+                self._drain(inst, action.reason)
+        elif isinstance(action, Stop):
+            inst = self.instances.get(action.instance_id)
+            if inst is not None and inst.id not in self._stopping:
+                self._spawn(self._stop_process(inst, action.reason, InstanceState.STOPPED))
+
+    def _next_id(self, role: Role) -> str:
+        seq = int(self.store.get("instance_seq") or 0) + 1
+        self.store.put("instance_seq", seq)
+        return f"{role.value}-{seq}"
+
+    async def _start(self, action: Start) -> None:
+        hw = self.settings.hardware
+        accel = placement.allocate(self._used_accelerators(), hw.per_node, hw.nodes, action.tp)
+        if accel is None:
+            log.warning("no free accelerators for %s TP %d", action.role.value, action.tp)
+            return
+        iid = self._next_id(action.role)
+        log_path = self.settings.controller.state_dir / "logs" / f"{iid}.log"
+        spec = LaunchSpec(iid, action.role, action.tp, accel, log_path)
+        try:
+            launched = await self.launcher.start(spec)
+        except LaunchError as exc:
+            self.store.record("reconciler", "instance.launch_failed", iid, None, None, str(exc))
+            self._backoff_until[action.role] = self.clock() + MAX_BACKOFF_S
+            return
+        inst = Instance(iid, action.role, action.tp, launched.url, created_at=self.clock(),
+                        accelerators=accel, handle=launched)
+        self.instances[iid] = inst
+        self.store.record("reconciler", "instance.starting", iid, None,
+                          {"role": action.role.value, "tp": action.tp, "url": launched.url,
+                           "accelerators": list(accel)}, action.reason)
+
+    async def _stop_process(self, inst: Instance, why: str,
+                            final_state: InstanceState | None) -> None:
+        self._stopping.add(inst.id)
+        try:
+            await self.launcher.stop(_launched(inst))
+        finally:
+            self._stopping.discard(inst.id)
+            inst.ended_at = self.clock()
+            if final_state is not None:
+                self._transition(inst, final_state, "reconciler", why)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def poll_load(self) -> None:
+        """Refresh running/waiting/KV usage of serving instances from their /metrics."""
+        live = [i for i in self.instances.values()
+                if i.state in (InstanceState.READY, InstanceState.DRAINING)]
+        texts = await asyncio.gather(*(self._fetch_metrics(i) for i in live))
+        for inst, text in zip(live, texts, strict=True):
+            if text is not None:
+                load = parse_load(text)
+                inst.running = load.get("running", 0.0)
+                inst.waiting = load.get("waiting", 0.0)
+                inst.kv_usage = load.get("kv_usage", 0.0)
+
+    async def _fetch_metrics(self, inst: Instance) -> str | None:
+        try:
+            r = await self.client.get(f"{inst.url}/metrics", timeout=2.0)
+            return r.text if r.status_code == 200 else None
+        except httpx.HTTPError:
+            return None
+
+    async def run_load_poller(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await self.poll_load()
+            await asyncio.sleep(self.settings.controller.metrics_poll_s)
+
+    async def shutdown(self) -> None:
+        """Stop every instance this controller started; wait for the stops to finish."""
+        live = [i for i in self.instances.values()
+                if not i.state.terminal and i.id not in self._stopping]
+        await asyncio.gather(*(self._stop_process(i, "controller shutdown",
+                                                  InstanceState.STOPPED) for i in live))
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.launcher.close()
+
+    # ---- views -------------------------------------------------------------------------
+
+    def pool_view(self, role: Role) -> dict[str, Any]:
+        target = self.targets[role]
+        mine = [i for i in self.instances.values() if i.role is role]
+        counts = {s.value: sum(1 for i in mine if i.state is s) for s in InstanceState}
+        ready_at_tp = sum(1 for i in mine if i.state.routable and i.tp == target.tp)
+        others = sum(1 for i in mine if not i.state.terminal
+                     and not (i.state.routable and i.tp == target.tp))
+        return {
+            "desired": _target_json(target),
+            "actual": {"ready": counts["ready"], "starting": counts["starting"],
+                       "draining": counts["draining"], "ready_at_desired_tp": ready_at_tp},
+            "converged": ready_at_tp == target.size and others == 0,
+        }
+
+    def used_accelerators(self) -> int:
+        return len(self._used_accelerators())
+
+
+def _launched(inst: Instance) -> Launched:
+    assert isinstance(inst.handle, Launched)
+    return inst.handle
+
+
+def _target_json(t: PoolTarget) -> dict[str, int]:
+    return {"size": t.size, "tp": t.tp}
+
+
+def _targets_json(targets: dict[Role, PoolTarget]) -> dict[str, dict[str, int]]:
+    return {r.value: _target_json(t) for r, t in targets.items()}

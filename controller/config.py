@@ -1,0 +1,233 @@
+"""Settings: one YAML file plus ``PDCTL_<SECTION>__<FIELD>`` environment overrides.
+
+Every field has a default. ``load_settings`` refuses a bad file with the field and the reason
+(``ConfigError``). The pool sizes, TPs and routing values here are the *initial* desired state;
+once the controller has run, the state directory's store holds the operator's changes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from controller import profiles
+from controller.errors import ConfigError
+
+PolicyName = Literal["round_robin", "least_loaded"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSettings(Strict):
+    name: str = Field("llama-3-70b", description="model profile (see controller.profiles)")
+    served_name: str | None = Field(None, description="name clients use; default: name")
+    path: Path | None = Field(None, description="model directory (config.json, tokenizer.json)")
+
+    @model_validator(mode="after")
+    def _known(self) -> ModelSettings:
+        if self.path is None and self.name not in profiles.MODELS:
+            raise ValueError(
+                f"unknown model profile {self.name!r} and no path given; "
+                f"known: {', '.join(sorted(profiles.MODELS))}"
+            )
+        return self
+
+    @property
+    def public_name(self) -> str:
+        return self.served_name or self.name
+
+
+class HardwareSettings(Strict):
+    accelerator: str = "h100-sxm"
+    accelerators_per_node: int | None = Field(None, ge=1, description="default: the profile's")
+    nodes: int = Field(4, ge=1)
+    kv_link: str = "ib-ndr"
+
+    @model_validator(mode="after")
+    def _known(self) -> HardwareSettings:
+        for table, kind, value in (
+            (profiles.HARDWARE, "accelerator", self.accelerator),
+            (profiles.LINKS, "kv_link", self.kv_link),
+        ):
+            if value not in table:
+                raise ValueError(f"unknown {kind} {value!r}; known: {', '.join(sorted(table))}")
+        return self
+
+    @property
+    def profile(self) -> profiles.HardwareProfile:
+        return profiles.hardware(self.accelerator)
+
+    @property
+    def per_node(self) -> int:
+        return self.accelerators_per_node or self.profile.accelerators_per_node
+
+    @property
+    def total_accelerators(self) -> int:
+        return self.per_node * self.nodes
+
+
+class PoolSettings(Strict):
+    size: int = Field(1, ge=0)
+    tp: int = Field(1, ge=1)
+    urls: list[str] = Field(default_factory=list, description="external backend only")
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+
+
+def _prefill_default() -> PoolSettings:
+    return PoolSettings(size=1, tp=4)
+
+
+def _decode_default() -> PoolSettings:
+    return PoolSettings(size=1, tp=2)
+
+
+class PoolsSettings(Strict):
+    prefill: PoolSettings = Field(default_factory=_prefill_default)
+    decode: PoolSettings = Field(default_factory=_decode_default)
+
+
+class RoutingSettings(Strict):
+    disagg_min_prompt_tokens: int = Field(512, ge=0)
+    transfer_alert_share: float = Field(0.2, gt=0, le=1)
+    prefill_policy: PolicyName = "round_robin"
+    decode_policy: PolicyName = "least_loaded"
+    max_attempts: int = Field(3, ge=1, le=10, description="instances tried per hop")
+    request_timeout_s: float = Field(600.0, gt=0)
+
+
+class SimSettings(Strict):
+    time_scale: float = Field(1.0, gt=0, description="wall seconds per modelled second")
+    kv_load_failure_policy: Literal["fail", "recompute"] = "fail"
+    startup_delay_s: float = Field(0.5, ge=0)
+
+
+class ControllerSettings(Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    state_dir: Path = Path(".pdctl")
+    tick_s: float = Field(0.5, gt=0, description="reconcile and health-check period")
+    metrics_poll_s: float = Field(1.0, gt=0)
+    health_interval_s: float = Field(2.0, gt=0, description="health-check period of ready instances")
+    start_timeout_s: float = Field(120.0, gt=0)
+    drain_timeout_s: float = Field(120.0, gt=0)
+    unhealthy_after: int = Field(3, ge=1, description="failed health checks before failed")
+    request_buffer: int = Field(100_000, ge=100)
+
+
+class Settings(BaseSettings):
+    """The whole configuration."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="PDCTL_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    backend: Literal["sim", "external", "vllm"] = "sim"
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    hardware: HardwareSettings = Field(default_factory=HardwareSettings)
+    pools: PoolsSettings = Field(default_factory=PoolsSettings)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    sim: SimSettings = Field(default_factory=SimSettings)
+    controller: ControllerSettings = Field(default_factory=ControllerSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The environment overrides the file (which arrives as init kwargs).
+        return (env_settings, init_settings)
+
+    @model_validator(mode="after")
+    def _external_urls(self) -> Settings:
+        if self.backend == "external":
+            for name in ("prefill", "decode"):
+                pool: PoolSettings = getattr(self.pools, name)
+                if not pool.urls and name == "decode":
+                    raise ValueError("backend external needs pools.decode.urls")
+                pool.size = len(pool.urls)
+        return self
+
+    @property
+    def model_profile(self) -> profiles.ModelProfile:
+        return model_profile_for(self.model)
+
+
+def model_profile_for(m: ModelSettings) -> profiles.ModelProfile:
+    """The model's profile: derived from ``path/config.json`` when present, else the preset."""
+    if m.path is not None and (m.path / "config.json").is_file():
+        return profile_from_hf_config(m.name, json.loads((m.path / "config.json").read_text()))
+    return profiles.model(m.name)
+
+
+def profile_from_hf_config(name: str, cfg: dict[str, Any]) -> profiles.ModelProfile:
+    """Architecture numbers from a Hugging Face Llama-style ``config.json``."""
+    hidden = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    kv_heads = int(cfg.get("num_key_value_heads", heads))
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    layers = int(cfg["num_hidden_layers"])
+    inter = int(cfg["intermediate_size"])
+    vocab = int(cfg["vocab_size"])
+    dtype = str(cfg.get("torch_dtype", "bfloat16"))
+    return profiles.ModelProfile(
+        name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+        head_dim=head_dim, intermediate=inter, vocab=vocab,
+        params=profiles.llama_params(layers, hidden, heads, kv_heads, head_dim, inter, vocab,
+                                     bool(cfg.get("tie_word_embeddings", False))),
+        dtype_bytes=4 if dtype == "float32" else 2,
+        max_model_len=int(cfg.get("max_position_embeddings", 8192)),
+    )
+
+
+def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
+    """One line per problem: ``field.path: reason``."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(root)"
+        lines.append(f"{prefix}{loc}: {e['msg']}")
+    return "; ".join(lines)
+
+
+def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
+    """Read ``path`` (YAML) if given, apply env overrides, then ``overrides`` (CLI flags)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: top level must be a mapping")
+        data = loaded or {}
+    try:
+        settings = Settings(**data)
+        if overrides:
+            merged = _deep_merge(settings.model_dump(), overrides)
+            settings = Settings.model_validate(merged)
+    except ValidationError as exc:
+        where = f"config file {path}: " if path else "configuration: "
+        raise ConfigError(where + describe_validation_error(exc)) from None
+    return settings
+
+
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out

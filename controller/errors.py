@@ -1,0 +1,81 @@
+"""The controller's error hierarchy. Raised anywhere, mapped to HTTP once at the edge
+(``controller.api``): the control API answers ``{"detail": ...}``, the data plane answers
+OpenAI's ``{"error": {...}}``."""
+
+from __future__ import annotations
+
+
+class PdctlError(Exception):
+    """Root of every error the controller raises on purpose."""
+
+    status_code = 500
+
+
+class ConfigError(PdctlError):
+    """A configuration file or value is invalid; the message names the field and reason."""
+
+
+class InvalidChange(PdctlError):
+    """A requested change to the cluster is refused; nothing was changed."""
+
+    status_code = 422
+
+    def __init__(self, reason: str, field: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.field = field
+
+
+class NotFound(PdctlError):
+    status_code = 404
+
+
+class Unauthorized(PdctlError):
+    status_code = 401
+
+
+class LaunchError(PdctlError):
+    """An instance could not be started."""
+
+
+# ---- data plane ------------------------------------------------------------------------
+
+class RoutingError(PdctlError):
+    """A client request could not be served; carries the OpenAI error type."""
+
+    error_type = "server_error"
+
+
+class NoInstanceAvailable(RoutingError):
+    status_code = 503
+    error_type = "service_unavailable"
+
+
+class BadRequest(RoutingError):
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class UpstreamUnreachable(RoutingError):
+    """Connecting or talking to an engine failed before it answered (safe to retry)."""
+
+    status_code = 502
+    error_type = "upstream_unreachable"
+
+
+class UpstreamFailed(RoutingError):
+    """An engine answered with an error."""
+
+    status_code = 502
+    error_type = "upstream_error"
+
+    def __init__(self, message: str, status: int, body: bytes, kv_load_failure: bool = False):
+        super().__init__(message)
+        self.status = status
+        self.body = body
+        self.kv_load_failure = kv_load_failure
+
+
+class ClientDisconnected(RoutingError):
+    status_code = 499
+    error_type = "client_disconnected"

@@ -1,0 +1,1 @@
+"""Launchers start and stop engine instances behind one interface (``base.Launcher``)."""

@@ -1,0 +1,99 @@
+"""Local engine processes: each in its own process group, log to a file, stopped as a group.
+
+Stopping sends SIGTERM to the whole group, waits, then SIGKILL, so no child an engine
+spawned outlives it. Children also get ``PR_SET_PDEATHSIG`` so that a controller killed with
+SIGKILL does not leave engines behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from controller.launchers.base import Launched, Launcher
+
+PR_SET_PDEATHSIG = 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS reports free now (may be taken by the time it is used)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _child_setup() -> None:
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def spawn(argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None
+          ) -> subprocess.Popen[bytes]:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})}, start_new_session=True,
+            preexec_fn=_child_setup,  # noqa: PLW1509 - needed for PDEATHSIG
+        )
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+async def stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM the process group, then SIGKILL it if it has not exited within ``grace_s``."""
+    _signal_group(proc, signal.SIGTERM)
+    deadline = asyncio.get_running_loop().time() + grace_s
+    while proc.poll() is None and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    _signal_group(proc, signal.SIGKILL)  # also reaps grandchildren that ignored SIGTERM
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+def tail(path: Path, lines: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 256 * lines))
+            data = f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+class ProcessLauncher(Launcher):
+    """Base for launchers that run engines as local processes."""
+
+    def __init__(self) -> None:
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def _track(self, proc: subprocess.Popen[bytes]) -> None:
+        self._procs[proc.pid] = proc
+
+    async def stop(self, launched: Launched, grace_s: float = 5.0) -> None:
+        proc: subprocess.Popen[bytes] = launched.handle["proc"]
+        await stop_group(proc, grace_s)
+        self._procs.pop(proc.pid, None)
+
+    def exit_code(self, launched: Launched) -> int | None:
+        proc: subprocess.Popen[bytes] = launched.handle["proc"]
+        return proc.poll()
+
+    def log_tail(self, launched: Launched, lines: int = 100) -> str:
+        return tail(launched.handle["log"], lines)
+
+    async def close(self) -> None:
+        procs = list(self._procs.values())
+        await asyncio.gather(*(stop_group(p, 5.0) for p in procs))
+        self._procs.clear()

@@ -1,0 +1,95 @@
+"""Every Prometheus metric the controller exports, on a registry owned by the app."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from controller.models import InstanceState, RequestRecord, Role
+
+if TYPE_CHECKING:
+    from controller.cluster import Cluster
+
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5,
+                2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+PART_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+                0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
+               0.3, 0.5, 1.0, 2.5)
+
+
+class ClusterCollector(Collector):
+    """Pool and instance gauges read from the cluster at scrape time, so instances that are
+    gone leave no stale series."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self._cluster = cluster
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        c = self._cluster
+        desired = GaugeMetricFamily("pdctl_pool_desired_instances",
+                                    "Desired instances per pool", labels=["role"])
+        for role in Role:
+            desired.add_metric([role.value], c.targets[role].size)
+        yield desired
+        states = GaugeMetricFamily("pdctl_instances", "Instances by role and state",
+                                   labels=["role", "state"])
+        for role in Role:
+            for state in InstanceState:
+                n = sum(1 for i in c.instances.values() if i.role is role and i.state is state)
+                states.add_metric([role.value, state.value], n)
+        yield states
+        gauges = {
+            "running": GaugeMetricFamily("pdctl_instance_running_requests",
+                                         "Requests running on the engine",
+                                         labels=["instance", "role"]),
+            "waiting": GaugeMetricFamily("pdctl_instance_waiting_requests",
+                                         "Requests waiting in the engine",
+                                         labels=["instance", "role"]),
+            "kv_usage": GaugeMetricFamily("pdctl_instance_kv_cache_usage_ratio",
+                                          "KV cache usage, 0..1", labels=["instance", "role"]),
+        }
+        for inst in c.instances.values():
+            if inst.state.terminal:
+                continue
+            for attr, fam in gauges.items():
+                fam.add_metric([inst.id, inst.role.value], getattr(inst, attr))
+        yield from gauges.values()
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("pdctl_requests", "Client requests by path and status",
+                                ["path", "status"], registry=r)
+        self.ttft = Histogram("pdctl_ttft_seconds", "Client-visible time to first token",
+                              ["path"], buckets=TTFT_BUCKETS, registry=r)
+        self.component = Histogram("pdctl_ttft_component_seconds",
+                                   "TTFT parts: queue, prefill, transfer, decode_sched, overhead",
+                                   ["component"], buckets=PART_BUCKETS, registry=r)
+        self.itl = Histogram("pdctl_itl_seconds", "Mean inter-token latency per request",
+                             buckets=ITL_BUCKETS, registry=r)
+        self.kv_bytes = Counter("pdctl_kv_transfer_bytes", "KV cache bytes moved prefill->decode",
+                                registry=r)
+        self.kv_seconds = Histogram("pdctl_kv_transfer_seconds", "KV transfer time per request",
+                                    buckets=PART_BUCKETS, registry=r)
+
+    def attach(self, cluster: Cluster) -> None:
+        self.registry.register(ClusterCollector(cluster))
+
+    def observe(self, rec: RequestRecord) -> None:
+        self.requests.labels(rec.path.value, rec.status).inc()
+        if rec.status != "ok":
+            return
+        self.ttft.labels(rec.path.value).observe(rec.ttft_ms / 1e3)
+        for name in ("queue", "prefill", "transfer", "decode_sched", "overhead"):
+            self.component.labels(name).observe(getattr(rec, f"{name}_ms") / 1e3)
+        if rec.itl_ms > 0:
+            self.itl.observe(rec.itl_ms / 1e3)
+        if rec.kv_bytes:
+            self.kv_bytes.inc(rec.kv_bytes)
+            self.kv_seconds.observe(rec.transfer_ms / 1e3)

@@ -1,0 +1,142 @@
+"""Core value types: roles, instance states (which own their classification), instances and
+request records."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Role(enum.StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class InstanceState(enum.StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+    @classmethod
+    def terminal_states(cls) -> frozenset[InstanceState]:
+        return frozenset({cls.STOPPED, cls.FAILED})
+
+    @property
+    def terminal(self) -> bool:
+        return self in self.terminal_states()
+
+    @property
+    def routable(self) -> bool:
+        """Only a ready instance takes new requests."""
+        return self is InstanceState.READY
+
+    @property
+    def holds_accelerators(self) -> bool:
+        return not self.terminal
+
+
+class RequestPath(enum.StrEnum):
+    DISAGGREGATED = "disaggregated"
+    COLOCATED = "colocated"
+
+
+@dataclass
+class Instance:
+    """One engine instance as the controller sees it.
+
+    ``inflight`` is counted by the router (requests it has sent and not finished);
+    ``running``/``waiting``/``kv_usage`` come from the engine's own /metrics.
+    """
+
+    id: str
+    role: Role
+    tp: int
+    url: str
+    state: InstanceState = InstanceState.STARTING
+    created_at: float = 0.0
+    ready_at: float | None = None
+    drain_started_at: float | None = None
+    inflight: int = 0
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    health_failures: int = 0
+    suspect_until: float = 0.0
+    ended_at: float | None = None
+    last_error: str | None = None
+    accelerators: tuple[int, ...] = ()
+    handle: Any = field(default=None, repr=False)
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "role": self.role.value,
+            "url": self.url,
+            "state": self.state.value,
+            "tp": self.tp,
+            "accelerators": list(self.accelerators),
+            "created_at": self.created_at,
+            "ready_at": self.ready_at,
+            "load": {
+                "inflight": self.inflight,
+                "running": self.running,
+                "waiting": self.waiting,
+                "kv_cache_usage": self.kv_usage,
+            },
+            "last_error": self.last_error,
+        }
+
+
+@dataclass
+class RequestRecord:
+    """One finished client request and where its time-to-first-token went (milliseconds)."""
+
+    id: str
+    started_at: float  # unix time the controller received the request
+    endpoint: str
+    path: RequestPath
+    status: str  # "ok" | "error" | "cancelled"
+    stream: bool
+    prompt_tokens: int
+    output_tokens: int
+    prefill_instance: str | None
+    decode_instance: str | None
+    queue_ms: float = 0.0
+    prefill_ms: float = 0.0
+    transfer_ms: float = 0.0
+    decode_sched_ms: float = 0.0
+    overhead_ms: float = 0.0
+    ttft_ms: float = 0.0
+    itl_ms: float = 0.0
+    e2e_ms: float = 0.0
+    kv_bytes: int = 0
+    retries: int = 0
+    error: str | None = None
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "started_at": self.started_at,
+            "endpoint": self.endpoint,
+            "path": self.path.value,
+            "status": self.status,
+            "stream": self.stream,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "prefill_instance": self.prefill_instance,
+            "decode_instance": self.decode_instance,
+            "queue_ms": self.queue_ms,
+            "prefill_ms": self.prefill_ms,
+            "transfer_ms": self.transfer_ms,
+            "decode_sched_ms": self.decode_sched_ms,
+            "overhead_ms": self.overhead_ms,
+            "ttft_ms": self.ttft_ms,
+            "itl_ms": self.itl_ms,
+            "e2e_ms": self.e2e_ms,
+            "kv_bytes": self.kv_bytes,
+            "retries": self.retries,
+            "error": self.error,
+        }

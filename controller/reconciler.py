@@ -1,0 +1,144 @@
+"""Pure planning: from desired pools and observed instances to a list of actions.
+
+``plan`` decides, the cluster loop applies. A TP change is a rolling replace with a surge of
+one: a new instance at the new TP starts, and only once it is ready does an old one drain, so
+serving capacity never drops below the desired size (when the accelerators for one extra
+instance are not free, an old instance drains first and the dip is stated in the reason).
+Draining instances stop once their in-flight requests finish or the drain timeout passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from controller.models import InstanceState, Role
+
+
+@dataclass(frozen=True)
+class PoolTarget:
+    size: int
+    tp: int
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the planner needs to know of one instance."""
+
+    id: str
+    role: Role
+    tp: int
+    state: InstanceState
+    inflight: int = 0
+    created_at: float = 0.0
+    drain_started_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Start:
+    role: Role
+    tp: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Drain:
+    instance_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    instance_id: str
+    reason: str
+
+
+Action = Start | Drain | Stop
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    targets: dict[Role, PoolTarget]
+    instances: tuple[Observed, ...]
+    free_accelerators: int
+    now: float
+    drain_timeout_s: float
+    may_start: frozenset[Role] = frozenset(Role)
+
+
+def plan(inp: PlanInput) -> list[Action]:
+    """Actions that move the observed instances toward the targets, for every role."""
+    actions: list[Action] = []
+    budget = inp.free_accelerators
+    for role, target in inp.targets.items():
+        mine = [i for i in inp.instances if i.role is role]
+        actions += _finish_drains(mine, inp.now, inp.drain_timeout_s)
+        role_actions, budget = _plan_pool(role, target, mine, budget, role in inp.may_start)
+        actions += role_actions
+    return actions
+
+
+def _finish_drains(mine: Iterable[Observed], now: float, timeout: float) -> list[Action]:
+    out: list[Action] = []
+    for i in mine:
+        if i.state is not InstanceState.DRAINING:
+            continue
+        if i.inflight == 0:
+            out.append(Stop(i.id, "drained: no requests in flight"))
+        elif i.drain_started_at is not None and now - i.drain_started_at >= timeout:
+            out.append(Stop(i.id, f"drain timeout with {i.inflight} requests in flight"))
+    return out
+
+
+def _by_state(items: list[Observed], state: InstanceState) -> list[Observed]:
+    return [i for i in items if i.state is state]
+
+
+def _drain_order(items: list[Observed]) -> list[Observed]:
+    """Least loaded first, newest first among equals: the cheapest to take away."""
+    return sorted(items, key=lambda i: (i.inflight, -i.created_at, i.id))
+
+
+def _plan_pool(role: Role, target: PoolTarget, mine: list[Observed], budget: int,
+               may_start: bool) -> tuple[list[Action], int]:
+    live = [i for i in mine if i.state in (InstanceState.STARTING, InstanceState.READY)]
+    match = [i for i in live if i.tp == target.tp]
+    stale = [i for i in live if i.tp != target.tp]
+    actions: list[Action] = [
+        Stop(i.id, f"TP {i.tp} -> {target.tp}: replaced before it was ready")
+        for i in _by_state(stale, InstanceState.STARTING)
+    ]
+    stale_ready = _by_state(stale, InstanceState.READY)
+    match_ready = _by_state(match, InstanceState.READY)
+
+    if len(match) > target.size:
+        excess = len(match) - target.size
+        starting = sorted(_by_state(match, InstanceState.STARTING), key=lambda i: -i.created_at)
+        for i in starting[:excess]:
+            actions.append(Stop(i.id, f"scale {role.value} down to {target.size}"))
+        for i in _drain_order(match_ready)[: max(0, excess - len(starting))]:
+            actions.append(Drain(i.id, f"scale {role.value} down to {target.size}"))
+        actions += [Drain(i.id, f"TP {i.tp} -> {target.tp}") for i in stale_ready]
+        return actions, budget
+
+    # Old-TP instances keep serving until enough new ones are ready.
+    n_drain = max(0, len(match_ready) + len(stale_ready) - target.size)
+    to_drain = _drain_order(stale_ready)[:n_drain]
+    actions += [Drain(i.id, f"TP {i.tp} -> {target.tp}: replacement ready") for i in to_drain]
+
+    surge = 1 if stale_ready else 0
+    room = target.size + surge - (len(match) + len(stale_ready))
+    n_start = min(target.size - len(match), room) if may_start else 0
+    for _ in range(max(0, n_start)):
+        if budget < target.tp:
+            if stale_ready and not to_drain and not any(
+                i.state is InstanceState.DRAINING for i in mine
+            ):
+                victim = _drain_order(stale_ready)[0]
+                actions.append(Drain(victim.id, f"TP {victim.tp} -> {target.tp}: no spare "
+                                     "accelerators for a surge instance, draining first"))
+            break
+        budget -= target.tp
+        why = f"TP {target.tp} replacement" if stale_ready else f"{role.value} pool below size"
+        actions.append(Start(role, target.tp, f"{why} ({len(match)}/{target.size})"))
+    return actions, budget

@@ -1,0 +1,1 @@
+"""The data plane: policies that pick instances, the two-hop proxy, TTFT accounting."""

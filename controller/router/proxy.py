@@ -1,0 +1,312 @@
+"""The two-hop proxy: parse -> choose path -> prefill hop -> decode hop (relayed) -> account.
+
+The disaggregated flow is the one vLLM's NixlConnector expects: the prefill instance gets the
+request with ``max_tokens=1``, ``stream=false`` and ``kv_transfer_params.do_remote_decode``;
+its answer's ``kv_transfer_params`` go, with the original request, to a decode instance,
+which pulls the KV and generates. Prompts shorter than ``disagg_min_prompt_tokens`` -- or
+any request when no prefill instance is ready or the prefill hop fails -- take the colocated
+path: the decode instance prefills itself. An unreachable instance is retried on another
+before any byte has gone to the client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from controller import profiles
+from controller.cluster import Cluster
+from controller.errors import (
+    BadRequest,
+    NoInstanceAvailable,
+    RoutingError,
+    UpstreamFailed,
+    UpstreamUnreachable,
+)
+from controller.metrics import Metrics
+from controller.models import Instance, RequestPath, RequestRecord, Role
+from controller.requests_log import RequestLog
+from controller.router.accounting import EngineTimes, Observation, breakdown
+from controller.tokens import TokenCounter
+
+log = logging.getLogger("pdctl.router")
+
+NULL_KV_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False,
+                  "remote_engine_id": None, "remote_block_ids": None,
+                  "remote_host": None, "remote_port": None}
+TAIL_BYTES = 16384
+
+
+@dataclass
+class Ctx:
+    """Everything known about one client request while it is served."""
+
+    rid: str
+    endpoint: str
+    body: dict[str, Any]
+    stream: bool
+    prompt_tokens: int
+    t0: float  # perf_counter at arrival
+    started_at: float  # unix time at arrival
+    path: RequestPath = RequestPath.COLOCATED
+    prefill: Instance | None = None
+    prefill_times: EngineTimes | None = None
+    prefill_wall_ms: float = 0.0
+    decode: Instance | None = None
+    decode_sent: float = 0.0
+    decode_open: bool = False  # a decode response is open and counted in its inflight
+    first_at: float | None = None
+    retries: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PrefillDone:
+    instance: Instance
+    kv_params: dict[str, Any]
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
+    out = dict(body)
+    out["stream"] = False
+    out.pop("stream_options", None)
+    out["max_tokens"] = 1
+    if "max_completion_tokens" in out:
+        out["max_completion_tokens"] = 1
+    out["kv_transfer_params"] = dict(NULL_KV_PARAMS)
+    return out
+
+
+def _is_kv_load_failure(body: bytes) -> bool:
+    return b"kv_load_failure" in body or b"KV load" in body
+
+
+class Proxy:
+    def __init__(self, cluster: Cluster, client: httpx.AsyncClient, counter: TokenCounter,
+                 requests: RequestLog, metrics: Metrics) -> None:
+        self.cluster = cluster
+        self.client = client
+        self.counter = counter
+        self.requests = requests
+        self.metrics = metrics
+        s = cluster.settings
+        self._link = profiles.link(s.hardware.kv_link)
+        self._block = 16
+
+    # ---- entry -----------------------------------------------------------------------
+
+    def new_ctx(self, endpoint: str, raw: bytes, request_id: str | None) -> Ctx:
+        body = parse_body(raw)
+        if endpoint.endswith("chat/completions") and not isinstance(body.get("messages"), list):
+            raise BadRequest("'messages' must be a list")
+        if endpoint.endswith("/completions") and "messages" not in body and "prompt" not in body:
+            raise BadRequest("'prompt' is required")
+        return Ctx(rid=request_id or f"pdctl-{uuid.uuid4().hex}", endpoint=endpoint, body=body,
+                   stream=bool(body.get("stream")), prompt_tokens=self.counter.count(body),
+                   t0=time.perf_counter(), started_at=time.time())
+
+    async def open(self, ctx: Ctx) -> httpx.Response:
+        """Run the prefill hop (when the path is disaggregated) and open the decode hop.
+
+        Returns the decode engine's response with headers read and body not yet consumed;
+        the caller relays it and then calls ``finish``.
+        """
+        kv_params = None
+        threshold = self.cluster.routing.disagg_min_prompt_tokens
+        if ctx.prompt_tokens >= threshold and self.cluster.ready(Role.PREFILL):
+            done = await self._prefill(ctx)
+            if done is not None:
+                ctx.path = RequestPath.DISAGGREGATED
+                kv_params = done.kv_params
+        try:
+            return await self._open_decode(ctx, kv_params)
+        except UpstreamFailed as exc:
+            if kv_params is None or not exc.kv_load_failure:
+                raise
+            # The decode engine could not load the KV (prefill gone, handle expired): serve
+            # the request colocated instead of failing it.
+            ctx.errors.append(f"KV load failed on {ctx.decode.id if ctx.decode else '?'}")
+            ctx.path = RequestPath.COLOCATED
+            ctx.retries += 1
+            return await self._open_decode(ctx, None)
+
+    # ---- hops ------------------------------------------------------------------------
+
+    def _headers(self, ctx: Ctx) -> dict[str, str]:
+        return {"X-Request-Id": ctx.rid, "Content-Type": "application/json"}
+
+    async def _prefill(self, ctx: Ctx) -> PrefillDone | None:
+        payload = json.dumps(prefill_body(ctx.body)).encode()
+        tried: set[str] = set()
+        for _ in range(self.cluster.routing.max_attempts):
+            inst = self.cluster.pick(Role.PREFILL, tried)
+            if inst is None:
+                break
+            tried.add(inst.id)
+            sent = time.perf_counter()
+            inst.inflight += 1
+            try:
+                r = await self.client.post(f"{inst.url}{ctx.endpoint}", content=payload,
+                                           headers=self._headers(ctx))
+            except httpx.TransportError as exc:
+                self._unreachable(ctx, inst, exc)
+                continue
+            finally:
+                inst.inflight -= 1
+            if r.status_code != 200:
+                ctx.errors.append(f"prefill {inst.id} answered {r.status_code}")
+                ctx.retries += 1
+                continue
+            data = r.json()
+            kv = data.get("kv_transfer_params")
+            if not isinstance(kv, dict):
+                ctx.errors.append(f"prefill {inst.id} returned no kv_transfer_params")
+                continue
+            ctx.prefill = inst
+            ctx.prefill_times = EngineTimes.parse(data.get("metrics"))
+            ctx.prefill_wall_ms = (time.perf_counter() - sent) * 1e3
+            return PrefillDone(inst, kv)
+        log.warning("%s: prefill hop failed (%s); serving colocated", ctx.rid,
+                    "; ".join(ctx.errors) or "no prefill instance")
+        return None
+
+    def _unreachable(self, ctx: Ctx, inst: Instance, exc: Exception) -> None:
+        msg = f"{inst.id} unreachable: {type(exc).__name__}"
+        ctx.errors.append(msg)
+        ctx.retries += 1
+        self.cluster.report_unreachable(inst, msg)
+
+    async def _open_decode(self, ctx: Ctx, kv_params: dict[str, Any] | None
+                           ) -> httpx.Response:
+        body = ctx.body if kv_params is None else {**ctx.body, "kv_transfer_params": kv_params}
+        payload = json.dumps(body).encode()
+        tried: set[str] = set()
+        for _ in range(self.cluster.routing.max_attempts):
+            inst = self.cluster.pick(Role.DECODE, tried)
+            if inst is None:
+                break
+            tried.add(inst.id)
+            inst.inflight += 1
+            ctx.decode = inst
+            ctx.decode_sent = time.perf_counter()
+            req = self.client.build_request("POST", f"{inst.url}{ctx.endpoint}",
+                                            content=payload, headers=self._headers(ctx))
+            try:
+                resp = await self.client.send(req, stream=True)
+            except httpx.TransportError as exc:
+                inst.inflight -= 1
+                self._unreachable(ctx, inst, exc)
+                continue
+            except BaseException:
+                inst.inflight -= 1
+                raise
+            if resp.status_code < 500:
+                ctx.decode_open = True
+                return resp
+            text = await resp.aread()
+            await resp.aclose()
+            inst.inflight -= 1
+            if kv_params is not None and _is_kv_load_failure(text):
+                raise UpstreamFailed(f"decode {inst.id} could not load the KV cache",
+                                     resp.status_code, text, kv_load_failure=True)
+            ctx.errors.append(f"decode {inst.id} answered {resp.status_code}")
+            ctx.retries += 1
+        if ctx.errors:
+            raise UpstreamUnreachable("no decode instance could serve the request: "
+                                      + "; ".join(ctx.errors[-3:]))
+        raise NoInstanceAvailable("no ready decode instance")
+
+    # ---- accounting --------------------------------------------------------------------
+
+    def finish(self, ctx: Ctx, status: str, response: dict[str, Any] | None,
+               error: str | None = None) -> RequestRecord:
+        """Record the request; ``response`` is the final JSON (or last stream event)."""
+        now = time.perf_counter()
+        if ctx.decode is not None and ctx.decode_open:
+            ctx.decode.inflight -= 1
+            ctx.decode_open = False
+        usage = (response or {}).get("usage") or {}
+        decode_times = EngineTimes.parse((response or {}).get("metrics"))
+        prompt_tokens = int(usage.get("prompt_tokens") or ctx.prompt_tokens)
+        disagg = ctx.path is RequestPath.DISAGGREGATED
+        kv_bytes = profiles.kv_bytes(self.cluster.model, prompt_tokens, self._block) if disagg else 0
+        if ctx.first_at is not None:
+            ttft = (ctx.first_at - ctx.t0) * 1e3
+            to_first = (ctx.first_at - ctx.decode_sent) * 1e3
+        else:
+            # Non-streaming: the client sees no first token; derive it from when the decode
+            # hop was sent plus the decode engine's own queue + first-token time.
+            engine = (decode_times.queue_ms + decode_times.ttft_ms) if decode_times else 0.0
+            to_first = engine or (now - ctx.decode_sent) * 1e3
+            ttft = (ctx.decode_sent - ctx.t0) * 1e3 + to_first
+        b = breakdown(Observation(
+            ttft_ms=ttft, disaggregated=disagg, prefill=ctx.prefill_times,
+            prefill_wall_ms=ctx.prefill_wall_ms, decode=decode_times,
+            decode_wall_to_first_ms=to_first,
+            transfer_model_ms=profiles.transfer_seconds(kv_bytes, self._link) * 1e3,
+        ))
+        rec = RequestRecord(
+            id=ctx.rid, started_at=ctx.started_at, endpoint=ctx.endpoint, path=ctx.path,
+            status=status, stream=ctx.stream, prompt_tokens=prompt_tokens,
+            output_tokens=int(usage.get("completion_tokens") or 0),
+            prefill_instance=ctx.prefill.id if ctx.prefill else None,
+            decode_instance=ctx.decode.id if ctx.decode else None,
+            queue_ms=b.queue_ms, prefill_ms=b.prefill_ms, transfer_ms=b.transfer_ms,
+            decode_sched_ms=b.decode_sched_ms, overhead_ms=b.overhead_ms, ttft_ms=b.ttft_ms,
+            itl_ms=decode_times.itl_ms if decode_times else 0.0,
+            e2e_ms=round((now - ctx.t0) * 1e3, 3), kv_bytes=kv_bytes, retries=ctx.retries,
+            error=error,
+        )
+        self.requests.add(rec)
+        self.metrics.observe(rec)
+        return rec
+
+    def fail(self, ctx: Ctx, exc: RoutingError | Exception) -> RequestRecord:
+        status = "cancelled" if getattr(exc, "status_code", 0) == 499 else "error"
+        return self.finish(ctx, status, None, error=str(exc) or type(exc).__name__)
+
+
+def last_event(tail: bytes) -> dict[str, Any] | None:
+    """The last JSON ``data:`` event of an SSE stream tail that carries usage or metrics,
+    else the last JSON event."""
+    found: dict[str, Any] | None = None
+    for line in reversed(tail.split(b"\n")):
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]" or not data.startswith(b"{"):
+            continue
+        try:
+            event = json.loads(data)
+        except ValueError:
+            continue
+        if not isinstance(event, dict):
+            continue
+        if found is None:
+            found = event
+        if "metrics" in event or "usage" in event and event["usage"]:
+            merged = dict(event)
+            for key in ("usage", "metrics"):
+                if not merged.get(key) and found.get(key):
+                    merged[key] = found[key]
+            if merged.get("metrics") and merged.get("usage"):
+                return merged
+            found = merged
+    return found

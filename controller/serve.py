@@ -1,0 +1,203 @@
+"""Server verbs: ``pdctl controller``, ``pdctl lab`` and ``pdctl engine-sim``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from controller.api import create_app
+from controller.api.state import AppState
+from controller.config import Settings, load_settings
+from controller.errors import ConfigError, InvalidChange
+from controller.models import InstanceState, Role
+
+SubParsers = Any  # argparse's _SubParsersAction is private
+
+
+def _common_server_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="YAML configuration file")
+    p.add_argument("--host", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="listen port (default 8080)")
+    p.add_argument("--state-dir", type=Path,
+                   help="state directory: token, SQLite store, engine logs (default .pdctl)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+
+
+def add_controller_parser(sub: SubParsers) -> None:
+    p = sub.add_parser("controller", help="run the controller alone",
+                       description="Run the controller: REST API, router and reconciler.")
+    _common_server_flags(p)
+    p.set_defaults(run=run_controller)
+
+
+def add_lab_parser(sub: SubParsers) -> None:
+    p = sub.add_parser(
+        "lab", help="controller + prefill/decode pools on this machine",
+        description="Start a controller with its pools on this machine, print the URLs and "
+                    "where the API token is, and stop everything on Ctrl-C or SIGTERM.")
+    _common_server_flags(p)
+    p.add_argument("--backend", choices=["vllm", "sim"], default="vllm",
+                   help="vllm: real vLLM instances, KV over NIXL (default); "
+                        "sim: simulated engines (Llama-3-70B on H100 unless configured)")
+    p.add_argument("--prefill", type=int, metavar="N", help="prefill pool size (default 1)")
+    p.add_argument("--decode", type=int, metavar="N", help="decode pool size (default 1)")
+    p.add_argument("--time-scale", type=float,
+                   help="sim only: wall seconds per modelled second (default 1.0)")
+    p.add_argument("--no-dashboard", action="store_true",
+                   help="do not start the console (the console arrives with issue 4)")
+    p.set_defaults(run=run_lab)
+
+
+def add_engine_sim_parser(sub: SubParsers) -> None:
+    from controller.engines.sim import server
+
+    p = sub.add_parser("engine-sim", help="one simulated vLLM-compatible engine",
+                       description="Serve one simulated vLLM-compatible engine (OpenAI API, "
+                                   "NixlConnector handshake, vLLM metrics).")
+    server.add_arguments(p)
+    p.set_defaults(run=server.run_from_args)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    ctl: dict[str, Any] = {}
+    for flag in ("host", "port", "state_dir"):
+        if getattr(args, flag, None) is not None:
+            ctl[flag] = getattr(args, flag)
+    return {"controller": ctl} if ctl else {}
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def _serve(settings: Settings, after_start: Any = None) -> int:
+    """Serve the controller until SIGINT/SIGTERM; the lifespan stops every instance."""
+    app = create_app(settings)
+    cs = settings.controller
+    config = uvicorn.Config(app, host=cs.host, port=cs.port, log_level="warning",
+                            access_log=False, timeout_graceful_shutdown=10)
+    server = uvicorn.Server(config)
+
+    async def main() -> None:
+        extra = asyncio.create_task(after_start(app.state.pdctl)) if after_start else None
+        try:
+            await server.serve()
+        finally:
+            if extra:
+                extra.cancel()
+                with contextlib.suppress(BaseException):
+                    await extra
+
+    asyncio.run(main())
+    return 0
+
+
+def run_controller(args: argparse.Namespace) -> int:
+    _setup_logging(args.log_level)
+    try:
+        settings = load_settings(args.config, **_overrides(args))
+    except ConfigError as exc:
+        print(f"pdctl controller: {exc}", file=sys.stderr)
+        return 2
+    return _serve(settings)
+
+
+def _vllm_missing() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return ("vLLM is not installed in this environment. `make lab` installs the CPU build "
+                "(pip install -e '.[lab]'); on GPU hosts install `vllm` and `nixl`.")
+    return ("the vLLM backend is not built yet (issue 3: the vllm launcher).")
+
+
+def lab_settings(args: argparse.Namespace) -> Settings:
+    over = _overrides(args)
+    over["backend"] = args.backend
+    if args.time_scale is not None:
+        over["sim"] = {"time_scale": args.time_scale}
+    return load_settings(args.config, **over)
+
+
+def run_lab(args: argparse.Namespace) -> int:
+    _setup_logging(args.log_level)
+    if args.backend == "vllm":
+        print(f"pdctl lab: {_vllm_missing()}\n"
+              "Run `pdctl lab --backend sim` for a simulated fleet.", file=sys.stderr)
+        return 2
+    try:
+        settings = lab_settings(args)
+    except ConfigError as exc:
+        print(f"pdctl lab: {exc}", file=sys.stderr)
+        return 2
+    return _serve(settings, after_start=lambda st: _lab_session(st, args))
+
+
+def _apply_lab_sizes(st: AppState, args: argparse.Namespace) -> None:
+    for role, size in ((Role.PREFILL, args.prefill), (Role.DECODE, args.decode)):
+        if size is not None and size != st.cluster.targets[role].size:
+            st.cluster.set_pool(role, size, None, "pdctl lab")
+
+
+def _banner(st: AppState) -> str:
+    cs = st.settings.controller
+    base = f"http://{cs.host}:{cs.port}"
+    t = st.cluster.targets
+    return "\n".join([
+        "",
+        f"pdctl lab ({st.settings.backend}: {st.settings.model.public_name} on "
+        f"{st.settings.hardware.accelerator}, KV link {st.settings.hardware.kv_link})",
+        f"  pools        prefill {t[Role.PREFILL].size} x TP{t[Role.PREFILL].tp}, "
+        f"decode {t[Role.DECODE].size} x TP{t[Role.DECODE].tp}",
+        f"  OpenAI API   {base}/v1   (model {st.settings.model.public_name!r})",
+        f"  control API  {base}/api/v1   docs {base}/docs",
+        f"  metrics      {base}/metrics",
+        f"  API token    {(cs.state_dir / 'token').resolve()}",
+        "  console      not started (arrives with issue 4)",
+        "  stop         Ctrl-C",
+        "",
+    ])
+
+
+async def _lab_session(st: AppState, args: argparse.Namespace) -> None:
+    try:
+        _apply_lab_sizes(st, args)
+    except InvalidChange as exc:
+        print(f"pdctl lab: --prefill/--decode refused: {exc}", file=sys.stderr)
+    print(_banner(st), flush=True)
+    await report_progress(st)
+
+
+async def report_progress(st: AppState, every_s: float = 2.0) -> None:
+    """Print a line while pools converge, then one when they are ready."""
+    last = ""
+    while True:
+        views = {r: st.cluster.pool_view(r) for r in Role}
+        if all(v["converged"] for v in views.values()):
+            if last != "ready":
+                print("pools ready: " + ", ".join(
+                    f"{r.value} {v['actual']['ready']}" for r, v in views.items()), flush=True)
+                last = "ready"
+        else:
+            starting = [i for i in st.cluster.instances.values()
+                        if i.state is InstanceState.STARTING]
+            line = "converging: " + ", ".join(
+                f"{r.value} {v['actual']['ready_at_desired_tp']}/{v['desired']['size']} ready"
+                for r, v in views.items())
+            if starting:
+                now = st.cluster.clock()
+                line += "; starting " + ", ".join(
+                    f"{i.id} {now - i.created_at:.0f}s" for i in starting)
+            print(line, flush=True)
+            last = line
+        await asyncio.sleep(every_s)

@@ -1,0 +1,92 @@
+"""Counting prompt tokens of OpenAI-style request bodies.
+
+The controller needs a prompt's length to choose the disaggregated or colocated path, and the
+simulated engine needs it to model work. With a model directory holding ``tokenizer.json`` the
+count comes from that tokenizer (``tokenizers``); without one it falls back to
+``ceil(utf-8 bytes / 4)``, the usual rough ratio for English BPE text. Chat requests are
+counted over a plain rendering of their messages (``role: content`` per line) rather than the
+model's chat template, so a chat prompt's count is a close estimate, not exact.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Protocol
+
+BYTES_PER_TOKEN = 4
+
+
+def estimate_tokens(text: str) -> int:
+    """Fallback count: one token per four UTF-8 bytes, at least one for non-empty text."""
+    if not text:
+        return 0
+    return max(1, math.ceil(len(text.encode("utf-8")) / BYTES_PER_TOKEN))
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def render_messages(messages: Any) -> str:
+    """A plain rendering of chat messages used only for counting tokens."""
+    if not isinstance(messages, list):
+        return ""
+    lines = []
+    for msg in messages:
+        if isinstance(msg, dict):
+            lines.append(f"{msg.get('role', 'user')}: {_content_text(msg.get('content'))}")
+    return "\n".join(lines)
+
+
+def prompt_of(body: dict[str, Any]) -> str | list[int]:
+    """The prompt of a completion or chat body: text, or token ids when given as ids."""
+    if "messages" in body:
+        return render_messages(body["messages"])
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list):
+        if prompt and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        return "".join(p for p in prompt if isinstance(p, str))
+    return prompt if isinstance(prompt, str) else ""
+
+
+class TokenCounter(Protocol):
+    def count(self, body: dict[str, Any]) -> int: ...
+
+
+class EstimatingCounter:
+    """Counts with the byte-length fallback."""
+
+    name = "estimate (utf-8 bytes / 4)"
+
+    def count(self, body: dict[str, Any]) -> int:
+        prompt = prompt_of(body)
+        return len(prompt) if isinstance(prompt, list) else estimate_tokens(prompt)
+
+
+class TokenizerCounter:
+    """Counts with the model's own ``tokenizer.json``."""
+
+    def __init__(self, tokenizer_file: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(tokenizer_file))
+        self.name = f"tokenizer {tokenizer_file}"
+
+    def count(self, body: dict[str, Any]) -> int:
+        prompt = prompt_of(body)
+        if isinstance(prompt, list):
+            return len(prompt)
+        return len(self._tok.encode(prompt, add_special_tokens=True).ids) if prompt else 0
+
+
+def make_counter(model_dir: Path | None) -> TokenCounter:
+    """The model's tokenizer when ``model_dir/tokenizer.json`` exists, else the estimate."""
+    if model_dir is not None and (model_dir / "tokenizer.json").is_file():
+        return TokenizerCounter(model_dir / "tokenizer.json")
+    return EstimatingCounter()

@@ -1,0 +1,1 @@
+"""The Streamlit operator console (issue 4)."""

@@ -1,0 +1,95 @@
+"""The planner as a table: desired pools + observed instances -> actions."""
+
+from __future__ import annotations
+
+from controller.models import InstanceState as S
+from controller.models import Role
+from controller.reconciler import Drain, Observed, PlanInput, PoolTarget, Start, Stop, plan
+
+P, D = Role.PREFILL, Role.DECODE
+
+
+def inst(iid: str, role: Role = D, tp: int = 2, state: S = S.READY, inflight: int = 0,
+         created: float = 0.0, drain_at: float | None = None) -> Observed:
+    return Observed(iid, role, tp, state, inflight, created, drain_at)
+
+
+def run(decode: PoolTarget, *instances: Observed, free: int = 100,
+        prefill: PoolTarget = PoolTarget(0, 4), now: float = 100.0) -> list[object]:
+    return list(plan(PlanInput({P: prefill, D: decode}, instances, free, now, 30.0)))
+
+
+def starts(actions: list[object]) -> int:
+    return sum(isinstance(a, Start) for a in actions)
+
+
+def test_scale_up_starts_the_missing_instances() -> None:
+    actions = run(PoolTarget(3, 2), inst("d1"))
+    assert starts(actions) == 2
+    assert all(isinstance(a, Start) and a.tp == 2 and a.role is D for a in actions)
+
+
+def test_converged_pool_plans_nothing() -> None:
+    assert run(PoolTarget(2, 2), inst("d1"), inst("d2")) == []
+
+
+def test_scale_down_drains_least_loaded_ready_and_stops_starting_first() -> None:
+    actions = run(PoolTarget(1, 2), inst("d1", inflight=5), inst("d2", inflight=1),
+                  inst("d3", state=S.STARTING, created=50))
+    assert Stop("d3", "scale decode down to 1") in actions
+    assert Drain("d2", "scale decode down to 1") in actions
+    assert not any(isinstance(a, Drain) and a.instance_id == "d1" for a in actions)
+
+
+def test_drained_instance_stops_when_idle_or_on_timeout() -> None:
+    idle = inst("d9", state=S.DRAINING, inflight=0, drain_at=99.0)
+    busy = inst("d8", state=S.DRAINING, inflight=2, drain_at=99.0)
+    late = inst("d7", state=S.DRAINING, inflight=2, drain_at=10.0)
+    actions = run(PoolTarget(1, 2), inst("d1"), idle, busy, late)
+    stopped = {a.instance_id for a in actions if isinstance(a, Stop)}
+    assert stopped == {"d9", "d7"}
+
+
+def test_tp_change_surges_one_new_instance_before_draining() -> None:
+    actions = run(PoolTarget(2, 4), inst("d1"), inst("d2"))
+    assert [type(a) for a in actions] == [Start]
+    assert actions[0].tp == 4  # type: ignore[attr-defined]
+
+
+def test_tp_change_waits_for_replacement_to_be_ready() -> None:
+    actions = run(PoolTarget(2, 4), inst("d1"), inst("d2"), inst("n1", tp=4, state=S.STARTING))
+    assert actions == []
+
+
+def test_tp_change_drains_one_old_when_a_new_one_is_ready_then_surges_again() -> None:
+    actions = run(PoolTarget(2, 4), inst("d1", inflight=3), inst("d2"), inst("n1", tp=4))
+    drains = [a for a in actions if isinstance(a, Drain)]
+    assert [d.instance_id for d in drains] == ["d2"]
+    assert starts(actions) == 0  # old d1 + new n1 hold the size; surge room used by n1
+
+
+def test_tp_change_without_spare_accelerators_drains_first() -> None:
+    actions = run(PoolTarget(2, 4), inst("d1"), inst("d2"), free=0)
+    assert starts(actions) == 0
+    assert len([a for a in actions if isinstance(a, Drain)]) == 1
+
+
+def test_stale_starting_instances_are_stopped() -> None:
+    actions = run(PoolTarget(1, 4), inst("d1", state=S.STARTING))
+    assert Stop("d1", "TP 2 -> 4: replaced before it was ready") in actions
+    assert starts(actions) == 1
+
+
+def test_backoff_blocks_starts_only() -> None:
+    inp = PlanInput({P: PoolTarget(0, 4), D: PoolTarget(2, 2)}, (inst("d1"),), 100, 0.0, 30.0,
+                    may_start=frozenset({P}))
+    assert plan(inp) == []
+
+
+def test_accelerator_budget_limits_starts() -> None:
+    assert starts(run(PoolTarget(5, 2), free=5)) == 2
+
+
+def test_roles_are_planned_independently() -> None:
+    actions = plan(PlanInput({P: PoolTarget(1, 4), D: PoolTarget(1, 2)}, (), 100, 0.0, 30.0))
+    assert {(a.role, a.tp) for a in actions if isinstance(a, Start)} == {(P, 4), (D, 2)}

@@ -1,0 +1,98 @@
+"""Small router pieces: policies, SSE tail parsing, load parsing, token counting, request log."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from controller.cluster import parse_load
+from controller.models import Instance, RequestPath, RequestRecord, Role
+from controller.requests_log import RequestLog, percentiles, stats
+from controller.router.policies import LeastLoaded, RoundRobin, make_policy
+from controller.router.proxy import last_event, prefill_body
+from controller.tokens import EstimatingCounter, estimate_tokens
+
+
+def instances(n: int) -> list[Instance]:
+    return [Instance(f"d{i}", Role.DECODE, 1, f"http://x/{i}") for i in range(n)]
+
+
+def test_round_robin_visits_everyone_evenly() -> None:
+    pool, rr = instances(3), RoundRobin()
+    counts = Counter(rr.choose(pool).id for _ in range(300))
+    assert set(counts.values()) == {100}
+
+
+def test_least_loaded_prefers_idle_and_rotates_ties() -> None:
+    pool, ll = instances(3), LeastLoaded()
+    pool[0].inflight, pool[1].waiting = 2, 1
+    assert ll.choose(pool).id == "d2"
+    pool[2].inflight = 1
+    pool[1].waiting = 0
+    assert ll.choose(pool).id == "d1"
+    for p in pool:
+        p.inflight = p.waiting = 0
+    assert len({ll.choose(pool).id for _ in range(3)}) == 3
+
+
+def test_unknown_policy() -> None:
+    try:
+        make_policy("random")
+    except ValueError as exc:
+        assert "round_robin" in str(exc)
+    else:
+        raise AssertionError("expected ValueError")
+
+
+def test_prefill_body_is_vllm_nixl_shape() -> None:
+    body = prefill_body({"prompt": "x", "stream": True, "stream_options": {}, "max_tokens": 9})
+    assert body["max_tokens"] == 1 and body["stream"] is False and "stream_options" not in body
+    assert body["kv_transfer_params"]["do_remote_decode"] is True
+    assert body["kv_transfer_params"]["do_remote_prefill"] is False
+
+
+def test_last_event_merges_usage_and_metrics() -> None:
+    tail = (b'data: {"choices":[{"text":"a"}]}\n\n'
+            b'data: {"choices":[{"finish_reason":"length"}],"metrics":{"queue_time_ms":1}}\n\n'
+            b'data: {"choices":[],"usage":{"prompt_tokens":3}}\n\ndata: [DONE]\n\n')
+    ev = last_event(tail)
+    assert ev is not None
+    assert ev["usage"] == {"prompt_tokens": 3} and ev["metrics"] == {"queue_time_ms": 1}
+
+
+def test_parse_load_sums_series() -> None:
+    text = ('# HELP x\nvllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
+            'vllm:num_requests_running{engine="1",model_name="m"} 2.0\n'
+            'vllm:num_requests_waiting{model_name="m"} 4.0\n'
+            'vllm:kv_cache_usage_perc{model_name="m"} 0.25\n')
+    assert parse_load(text) == {"running": 5.0, "waiting": 4.0, "kv_usage": 0.25}
+
+
+def test_token_fallback() -> None:
+    assert estimate_tokens("") == 0 and estimate_tokens("abcd" * 10) == 10
+    c = EstimatingCounter()
+    assert c.count({"prompt": [1, 2, 3]}) == 3
+    assert c.count({"messages": [{"role": "user", "content": "x" * 40}]}) == 12
+
+
+def rec(i: int, t: float, ttft: float, status: str = "ok") -> RequestRecord:
+    return RequestRecord(f"r{i}", t, "/v1/completions", RequestPath.DISAGGREGATED, status,
+                         False, 100, 10, "p", "d", transfer_ms=ttft / 4, ttft_ms=ttft,
+                         kv_bytes=1000)
+
+
+def test_request_log_is_bounded_and_windowed() -> None:
+    log = RequestLog(maxlen=100)
+    for i in range(250):
+        log.add(rec(i, 1000.0 + i, float(i)))
+    assert len(log) == 100 and log.total == 250
+    assert [r.id for r in log.recent(2)] == ["r249", "r248"]
+    assert len(log.window(10.0, now=1249.5)) == 10
+
+
+def test_stats_percentiles_and_alert() -> None:
+    records = [rec(i, float(i), float(i + 1)) for i in range(100)]
+    out = stats(records, 100.0, alert_share=0.2)
+    assert out["ttft_ms"]["p50"] == 50.0 and out["ttft_ms"]["p99"] == 99.0
+    assert out["request_rate"] == 1.0 and out["disaggregated_share"] == 1.0
+    assert out["transfer_share"]["alert"] is True  # transfer is 25% of TTFT
+    assert percentiles([])["p50"] == 0.0
