@@ -114,7 +114,7 @@ class ControllerSettings(Strict):
     state_dir: Path = Path(".pdctl")
     tick_s: float = Field(0.5, gt=0, description="reconcile and health-check period")
     metrics_poll_s: float = Field(1.0, gt=0)
-    health_interval_s: float = Field(2.0, gt=0, description="health-check period of ready instances")
+    health_interval_s: float = Field(2.0, gt=0, description="health period of ready instances")
     start_timeout_s: float = Field(120.0, gt=0)
     drain_timeout_s: float = Field(120.0, gt=0)
     unhealthy_after: int = Field(3, ge=1, description="failed health checks before failed")

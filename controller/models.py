@@ -87,7 +87,14 @@ class Instance:
                 "kv_cache_usage": self.kv_usage,
             },
             "last_error": self.last_error,
+            "pid": self.pid,
         }
+
+    @property
+    def pid(self) -> int | None:
+        """The local process id, for instances this controller runs as processes."""
+        handle = getattr(self.handle, "handle", None)
+        return handle.get("pid") if isinstance(handle, dict) else None
 
 
 @dataclass

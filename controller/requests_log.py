@@ -40,7 +40,7 @@ class RequestLog:
 
     def recent(self, limit: int) -> list[RequestRecord]:
         """Newest first."""
-        out = []
+        out: list[RequestRecord] = []
         for rec in reversed(self._records):
             if len(out) >= limit:
                 break
@@ -50,7 +50,7 @@ class RequestLog:
     def window(self, window_s: float, now: float | None = None) -> list[RequestRecord]:
         """Records that started within the last ``window_s`` seconds, oldest first."""
         cutoff = (time.time() if now is None else now) - window_s
-        out = []
+        out: list[RequestRecord] = []
         for rec in reversed(self._records):
             if rec.started_at < cutoff:
                 break

@@ -46,5 +46,5 @@ class Launcher(abc.ABC):
     def log_tail(self, launched: Launched, lines: int = 100) -> str:
         return ""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Stop everything this launcher started."""

@@ -41,4 +41,5 @@ class SimLauncher(ProcessLauncher):
         port = free_port()
         proc = spawn(self.argv(spec, port), spec.log_path)
         self._track(proc)
-        return Launched(url=f"http://127.0.0.1:{port}", handle={"proc": proc, "log": spec.log_path})
+        return Launched(url=f"http://127.0.0.1:{port}", handle={"proc": proc, "log": spec.log_path,
+                                                               "pid": proc.pid})

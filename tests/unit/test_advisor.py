@@ -48,7 +48,8 @@ def test_longer_outputs_need_more_decode() -> None:
 
 
 def test_transfer_dominant_traffic_is_flagged() -> None:
-    m, hw, lk = profiles.model("llama-3-70b"), profiles.hardware("h100-sxm"), profiles.link("ib-ndr")
+    m, hw = profiles.model("llama-3-70b"), profiles.hardware("h100-sxm")
+    lk = profiles.link("ib-ndr")
     calm = advisor.advise(m, hw, lk, 4, 2, [rec(4096, 200, 10, 100)] * 5, None, 0.2)
     hot = advisor.advise(m, hw, lk, 4, 2, [rec(4096, 200, 50, 100)] * 5, None, 0.2)
     assert calm["kv_transfer"]["transfer_dominant"] is False

@@ -7,6 +7,7 @@ from controller.models import Role
 from controller.reconciler import Drain, Observed, PlanInput, PoolTarget, Start, Stop, plan
 
 P, D = Role.PREFILL, Role.DECODE
+NO_PREFILL = PoolTarget(0, 4)
 
 
 def inst(iid: str, role: Role = D, tp: int = 2, state: S = S.READY, inflight: int = 0,
@@ -15,7 +16,7 @@ def inst(iid: str, role: Role = D, tp: int = 2, state: S = S.READY, inflight: in
 
 
 def run(decode: PoolTarget, *instances: Observed, free: int = 100,
-        prefill: PoolTarget = PoolTarget(0, 4), now: float = 100.0) -> list[object]:
+        prefill: PoolTarget = NO_PREFILL, now: float = 100.0) -> list[object]:
     return list(plan(PlanInput({P: prefill, D: decode}, instances, free, now, 30.0)))
 
 

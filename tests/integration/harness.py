@@ -1,0 +1,197 @@
+"""Real processes for integration tests: a ``pdctl controller`` with simulated engines, and a
+load generator that counts every client-visible failure."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+LONG_PROMPT = "the quick brown fox jumps over the lazy dog " * 60  # ~660 tokens: disaggregated
+SHORT_PROMPT = "hello there"  # colocated
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def base_config(state_dir: Path, port: int, **extra: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "backend": "sim",
+        "sim": {"time_scale": 0.2, "startup_delay_s": 0.3},
+        "routing": {"disagg_min_prompt_tokens": 256},
+        "controller": {"port": port, "state_dir": str(state_dir), "tick_s": 0.2,
+                       "health_interval_s": 0.5, "metrics_poll_s": 0.5,
+                       "drain_timeout_s": 30},
+    }
+    for key, value in extra.items():
+        cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
+    return cfg
+
+
+@dataclass
+class ControllerProc:
+    proc: subprocess.Popen[bytes]
+    url: str
+    state_dir: Path
+    log_path: Path
+
+    @property
+    def token(self) -> str:
+        return (self.state_dir / "token").read_text().strip()
+
+    def api(self, method: str, path: str, body: Any = None, token: str | None = "default"
+            ) -> httpx.Response:
+        headers = {}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {self.token if token == 'default' else token}"
+        return httpx.request(method, f"{self.url}/api/v1{path}", json=body, headers=headers,
+                             timeout=30)
+
+    def get(self, path: str) -> Any:
+        r = self.api("GET", path)
+        r.raise_for_status()
+        return r.json()
+
+    def wait(self, pred: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if pred():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n"
+                             f"{json.dumps(self.get('/cluster')['pools'], indent=1)}")
+
+    def converged(self) -> bool:
+        pools = self.get("/cluster")["pools"]
+        return all(p["converged"] for p in pools.values())
+
+    def wait_converged(self, timeout: float = 60.0) -> None:
+        self.wait(self.converged, timeout, "pools to converge")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def start_controller(tmp: Path, config: dict[str, Any] | None = None,
+                     wait_ready: bool = True) -> ControllerProc:
+    port = free_port()
+    state_dir = tmp / "state"
+    cfg = base_config(state_dir, port, **(config or {}))
+    cfg_path = tmp / "pdctl.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    log_path = tmp / "controller.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "controller.cli", "controller", "--config", str(cfg_path)],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    ctl = ControllerProc(proc, f"http://127.0.0.1:{port}", state_dir, log_path)
+    deadline = time.monotonic() + 30
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"controller exited {proc.returncode}:\n{ctl.log()}")
+        try:
+            if httpx.get(f"{ctl.url}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            ctl.stop()
+            raise AssertionError(f"controller did not come up:\n{ctl.log()}")
+        time.sleep(0.1)
+    if wait_ready:
+        ctl.wait_converged()
+    return ctl
+
+
+@dataclass
+class LoadResult:
+    ok: int = 0
+    failures: list[str] = field(default_factory=list)
+    by_path: dict[str, int] = field(default_factory=dict)
+
+
+class Load:
+    """Closed-loop client load in a background thread: ``workers`` concurrent clients, mixed
+    long/short prompts, streaming and not. Every non-200, error event or missing [DONE] is a
+    failure with its reason."""
+
+    def __init__(self, url: str, workers: int = 6, max_tokens: int = 8) -> None:
+        self.url, self.workers, self.max_tokens = url, workers, max_tokens
+        self.result = LoadResult()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> LoadResult:
+        self._stop.set()
+        self._thread.join(timeout=60)
+        return self.result
+
+    async def _main(self) -> None:
+        async with httpx.AsyncClient(timeout=60) as client:
+            await asyncio.gather(*(self._worker(client, w) for w in range(self.workers)))
+
+    async def _worker(self, client: httpx.AsyncClient, w: int) -> None:
+        n = 0
+        while not self._stop.is_set():
+            n += 1
+            stream = (n + w) % 2 == 0
+            prompt = LONG_PROMPT if (n + w) % 3 else SHORT_PROMPT
+            body = {"model": "llama-3-70b", "prompt": f"{w}-{n} {prompt}",
+                    "max_tokens": self.max_tokens, "stream": stream}
+            try:
+                reason = await self._one(client, body)
+            except httpx.HTTPError as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            if reason:
+                self.result.failures.append(reason)
+            else:
+                self.result.ok += 1
+
+    async def _one(self, client: httpx.AsyncClient, body: dict[str, Any]) -> str | None:
+        url = f"{self.url}/v1/completions"
+        if not body["stream"]:
+            r = await client.post(url, json=body)
+            if r.status_code != 200:
+                return f"{r.status_code}: {r.text[:200]}"
+            n = r.json()["usage"]["completion_tokens"]
+            return None if n == body["max_tokens"] else f"{n} tokens"
+        async with client.stream("POST", url, json=body) as r:
+            if r.status_code != 200:
+                return f"{r.status_code}: {(await r.aread())[:200]!r}"
+            text = (await r.aread()).decode()
+        if '"error"' in text:
+            return f"error event: {text[-300:]}"
+        return None if text.rstrip().endswith("data: [DONE]") else f"no [DONE]: {text[-200:]}"
