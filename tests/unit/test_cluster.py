@@ -1,0 +1,186 @@
+"""The cluster loop against a fake launcher and fake engines (httpx.MockTransport):
+lifecycle transitions, replacement with backoff, validation and the audit log."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+
+from controller.cluster import Cluster
+from controller.config import load_settings
+from controller.errors import InvalidChange
+from controller.launchers.base import Launched, Launcher, LaunchSpec
+from controller.models import InstanceState, Role
+from controller.store import Store
+
+
+class FakeLauncher(Launcher):
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.started: list[LaunchSpec] = []
+        self.stopped: list[str] = []
+        self.exited: dict[str, int] = {}
+        self.healthy: set[str] = set()
+
+    async def start(self, spec: LaunchSpec) -> Launched:
+        self.started.append(spec)
+        return Launched(url=f"http://{spec.instance_id}", handle=spec.instance_id)
+
+    async def stop(self, launched: Launched, grace_s: float = 5.0) -> None:
+        self.stopped.append(launched.handle)
+
+    def exit_code(self, launched: Launched) -> int | None:
+        return self.exited.get(launched.handle)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> tuple[Cluster, FakeLauncher, Clock, Store]:
+    launcher = FakeLauncher()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        if request.url.path == "/health":
+            return httpx.Response(200 if host in launcher.healthy else 503)
+        return httpx.Response(200, text=f'vllm:num_requests_running{{m="x"}} {len(host)}\n')
+
+    settings = load_settings(None, controller={"state_dir": tmp_path})
+    store = Store(tmp_path / "state.db")
+    clock = Clock()
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return Cluster(settings, store, launcher, client, clock), launcher, clock, store
+
+
+async def test_instances_start_then_become_ready(env: tuple[Cluster, FakeLauncher, Clock, Store]
+                                                 ) -> None:
+    cluster, launcher, clock, store = env
+    await cluster.tick()
+    assert sorted(s.role.value for s in launcher.started) == ["decode", "prefill"]
+    assert all(i.state is InstanceState.STARTING for i in cluster.instances.values())
+    assert cluster.ready(Role.DECODE) == []
+    launcher.healthy = {s.instance_id for s in launcher.started}
+    clock.t += 1
+    await cluster.tick()
+    assert [i.id for i in cluster.ready(Role.DECODE)] == ["decode-2"]
+    assert cluster.pool_view(Role.DECODE)["converged"] is True
+    assert {e["kind"] for e in store.events()} >= {"instance.starting", "instance.ready"}
+    assert cluster.instances["prefill-1"].accelerators == (0, 1, 2, 3)
+    assert cluster.instances["decode-2"].accelerators == (4, 5)
+
+
+async def _ready_pools(env: tuple[Cluster, FakeLauncher, Clock, Store]) -> None:
+    cluster, launcher, clock, _ = env
+    await cluster.tick()
+    launcher.healthy = {s.instance_id for s in launcher.started}
+    clock.t += 1
+    await cluster.tick()
+
+
+async def test_exited_instance_fails_and_is_replaced_after_backoff(
+        env: tuple[Cluster, FakeLauncher, Clock, Store]) -> None:
+    cluster, launcher, clock, store = env
+    await _ready_pools(env)
+    launcher.exited["prefill-1"] = -9
+    await cluster.tick()
+    assert cluster.instances["prefill-1"].state is InstanceState.FAILED
+    assert cluster.ready(Role.PREFILL) == []
+    assert len(launcher.started) == 2  # backoff holds the replacement back
+    clock.t += 1.5
+    await cluster.tick()
+    assert launcher.started[-1].role is Role.PREFILL and len(launcher.started) == 3
+    assert "exited with status -9" in (cluster.instances["prefill-1"].last_error or "")
+
+
+async def test_start_timeout_fails_the_instance(env: tuple[Cluster, FakeLauncher, Clock, Store]
+                                                ) -> None:
+    cluster, launcher, clock, _ = env
+    await cluster.tick()
+    clock.t += cluster.settings.controller.start_timeout_s + 1
+    await cluster.tick()
+    assert all(i.state is InstanceState.FAILED for i in cluster.instances.values())
+    assert "not ready after" in (cluster.instances["decode-2"].last_error or "")
+
+
+async def test_failed_health_checks_fail_a_ready_instance(
+        env: tuple[Cluster, FakeLauncher, Clock, Store]) -> None:
+    cluster, launcher, clock, _ = env
+    await _ready_pools(env)
+    launcher.healthy.discard("decode-2")
+    for _ in range(cluster.settings.controller.unhealthy_after):
+        clock.t += cluster.settings.controller.health_interval_s
+        await cluster.tick()
+    assert cluster.instances["decode-2"].state is InstanceState.FAILED
+    await asyncio.sleep(0.01)  # the stop runs as a task
+    assert "decode-2" in launcher.stopped
+
+
+async def test_invalid_change_changes_and_records_nothing(
+        env: tuple[Cluster, FakeLauncher, Clock, Store]) -> None:
+    cluster, _, _, store = env
+    before = (dict(cluster.targets), len(store.events(1000)), store.get("desired"))
+    with pytest.raises(InvalidChange):
+        cluster.set_pool(Role.DECODE, 99, None, "test")
+    assert (dict(cluster.targets), len(store.events(1000)), store.get("desired")) == before
+
+
+async def test_drain_then_stop_when_idle(env: tuple[Cluster, FakeLauncher, Clock, Store]
+                                         ) -> None:
+    cluster, launcher, clock, store = env
+    await _ready_pools(env)
+    inst = cluster.instances["decode-2"]
+    inst.inflight = 1
+    cluster.drain("decode-2", "operator")
+    assert cluster.ready(Role.DECODE) == [] and inst.state is InstanceState.DRAINING
+    await cluster.tick()
+    assert "decode-2" not in launcher.stopped  # still serving its request
+    assert launcher.started[-1].role is Role.DECODE  # a replacement is on its way
+    inst.inflight = 0
+    await cluster.tick()
+    await cluster.shutdown()
+    assert "decode-2" in launcher.stopped
+    ev = [e for e in store.events(100) if e["target"] == "decode-2"]
+    assert [e["kind"] for e in reversed(ev)][:3] == ["instance.starting", "instance.ready",
+                                                      "instance.draining"]
+
+
+async def test_pick_avoids_an_instance_just_reported_unreachable(
+        env: tuple[Cluster, FakeLauncher, Clock, Store]) -> None:
+    cluster, _, _, _ = env
+    await _ready_pools(env)
+    cluster.set_pool(Role.DECODE, 2, None, "test")
+    await cluster.tick()
+    for i in cluster.instances.values():
+        cluster._transition(i, InstanceState.READY, "test", "forced")
+    first = cluster.ready(Role.DECODE)[0]
+    cluster.report_unreachable(first, "refused")
+    picks = {getattr(cluster.pick(Role.DECODE, set()), "id", None) for _ in range(4)}
+    assert picks == {"decode-3"}
+    assert cluster.pick(Role.DECODE, {"decode-3"}) is first  # the only one left
+
+
+async def test_load_is_polled_from_engine_metrics(
+        env: tuple[Cluster, FakeLauncher, Clock, Store]) -> None:
+    cluster, _, _, _ = env
+    await _ready_pools(env)
+    await cluster.poll_load()
+    assert cluster.instances["decode-2"].running == len("decode-2")
+
+
+async def test_stored_desired_state_wins_on_restart(tmp_path: Path) -> None:
+    settings = load_settings(None, controller={"state_dir": tmp_path})
+    store = Store(tmp_path / "state.db")
+    c1 = Cluster(settings, store, FakeLauncher(), httpx.AsyncClient())
+    c1.set_pool(Role.DECODE, 3, None, "test")
+    c2 = Cluster(settings, store, FakeLauncher(), httpx.AsyncClient())
+    assert c2.targets[Role.DECODE].size == 3
