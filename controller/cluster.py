@@ -174,6 +174,8 @@ class Cluster:
 
     def report_unreachable(self, inst: Instance, error: str) -> None:
         """The router could not reach ``inst``: avoid it briefly and check it soon."""
+        if inst.state.terminal:
+            return  # already failed or stopped; keep the reason recorded then
         inst.suspect_until = self.clock() + SUSPECT_S
         inst.last_error = error
         self._last_health.pop(inst.id, None)

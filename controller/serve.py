@@ -17,6 +17,7 @@ from controller.api.state import AppState
 from controller.config import Settings, load_settings
 from controller.errors import ConfigError, InvalidChange
 from controller.models import InstanceState, Role
+from controller.signals import clean_stop_signals
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 
@@ -85,7 +86,8 @@ def _serve(settings: Settings, after_start: Any = None) -> int:
     app = create_app(settings)
     cs = settings.controller
     config = uvicorn.Config(app, host=cs.host, port=cs.port, log_level="warning",
-                            access_log=False, timeout_graceful_shutdown=10)
+                            access_log=False, timeout_graceful_shutdown=10,
+                            timeout_keep_alive=75)
     server = uvicorn.Server(config)
 
     async def main() -> None:
@@ -98,7 +100,8 @@ def _serve(settings: Settings, after_start: Any = None) -> int:
                 with contextlib.suppress(BaseException):
                     await extra
 
-    asyncio.run(main())
+    with clean_stop_signals():
+        asyncio.run(main())
     return 0
 
 

@@ -64,7 +64,10 @@ def make_launcher(settings: Settings) -> Launcher:
 
 
 def _data_client(settings: Settings) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024)
+    # Engines (uvicorn) close idle connections after 5 s; expire ours first so that a request
+    # is never written to a connection the engine is closing.
+    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024,
+                          keepalive_expiry=2.0)
     timeout = httpx.Timeout(settings.routing.request_timeout_s, connect=5.0)
     return httpx.AsyncClient(limits=limits, timeout=timeout)
 

@@ -102,7 +102,8 @@ def test_client_disconnect_cancels_upstream_work(ctl: ControllerProc) -> None:
             "POST", f"{ctl.url}/v1/completions", json=body,
             headers={"X-Request-Id": "walk-away"}) as r:
         assert r.status_code == 200
-        next(r.iter_raw())
+        chunks = r.iter_raw()
+        next(chunks)
         assert running() == 1
     ctl.wait(lambda: running() == 0, 10, "the engine to drop the abandoned request")
     ctl.wait(lambda: any(x["id"] == "walk-away" for x in ctl.get("/requests?limit=20")), 10,

@@ -1,0 +1,82 @@
+"""The simulated engine's configuration, fixed at start, and its validation against profiles."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from controller import profiles
+
+Role = Literal["prefill", "decode", "both"]
+KvLoadFailurePolicy = Literal["fail", "recompute"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and the known choices."""
+
+
+@dataclass(frozen=True)
+class SimEngineConfig:
+    port: int
+    host: str = "127.0.0.1"
+    role: Role = "both"
+    hardware: str = "h100-sxm"  # controller.profiles.HARDWARE key
+    model: str = "llama-3-70b"  # controller.profiles.MODELS key
+    served_model_name: str | None = None  # name in /v1/models and responses; default: model
+    tp: int = 1
+    link: str = "ib-ndr"  # controller.profiles.LINKS key, used for KV pull time
+    time_scale: float = 1.0  # wall seconds slept per modelled second
+    kv_load_failure_policy: KvLoadFailurePolicy = "fail"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    kv_handle_ttl_s: float = 480.0  # wall seconds, like VLLM_NIXL_ABORT_REQUEST_TIMEOUT
+    block_size: int = 16
+    engine_id: str | None = None  # default: a fresh uuid4 hex (see server.create_app)
+    startup_delay_s: float = 0.0  # wall seconds of 503 on /health (models engine load)
+
+    @property
+    def model_name(self) -> str:
+        """The name clients use: ``served_model_name`` or the profile key."""
+        return self.served_model_name or self.model
+
+
+def _known(table: Mapping[str, object], kind: str, name: str) -> None:
+    if name not in table:
+        raise ConfigError(f"unknown {kind} {name!r}; known: {', '.join(sorted(table))}")
+
+
+def _positive(name: str, value: float, minimum: float, strict: bool = False) -> None:
+    if value < minimum or (strict and value == minimum):
+        relation = ">" if strict else ">="
+        raise ConfigError(f"{name} must be {relation} {minimum}, got {value}")
+
+
+def validate_config(cfg: SimEngineConfig) -> None:
+    """Raise ``ConfigError`` unless ``cfg`` names known profiles and the model fits at its TP.
+
+    A model that does not fit is refused like a real vLLM start would fail (out of memory),
+    rather than simulated on memory the accelerators do not have.
+    """
+    _known(profiles.HARDWARE, "hardware", cfg.hardware)
+    _known(profiles.MODELS, "model", cfg.model)
+    _known(profiles.LINKS, "link", cfg.link)
+    if cfg.role not in ("prefill", "decode", "both"):
+        raise ConfigError(f"unknown role {cfg.role!r}; known: both, decode, prefill")
+    if cfg.kv_load_failure_policy not in ("fail", "recompute"):
+        raise ConfigError(f"unknown kv_load_failure_policy {cfg.kv_load_failure_policy!r}; "
+                          "known: fail, recompute")
+    _positive("port", cfg.port, 0)
+    if cfg.port > 65535:
+        raise ConfigError(f"port must be <= 65535, got {cfg.port}")
+    for name, value in (("tp", cfg.tp), ("max_num_seqs", cfg.max_num_seqs),
+                        ("max_num_batched_tokens", cfg.max_num_batched_tokens),
+                        ("block_size", cfg.block_size)):
+        _positive(name, value, 1)
+    _positive("time_scale", cfg.time_scale, 0.0, strict=True)
+    _positive("kv_handle_ttl_s", cfg.kv_handle_ttl_s, 0.0, strict=True)
+    _positive("startup_delay_s", cfg.startup_delay_s, 0.0)
+    problem = profiles.fit_problem(profiles.model(cfg.model), profiles.hardware(cfg.hardware),
+                                   cfg.tp)
+    if problem:
+        raise ConfigError(f"{problem}; raise --tp or choose other hardware")

@@ -1,0 +1,173 @@
+"""Reading OpenAI request bodies into ``SimRequest``, and the errors of the ``/v1`` surface.
+
+Validation lives here so routes stay thin: a bad body raises ``ApiError`` once, and the route
+edge renders it in OpenAI's ``{"error": {"message", "type", "code"}}`` shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from controller.tokens import EstimatingCounter, prompt_of
+
+DEFAULT_MAX_TOKENS = 16
+_COUNTER = EstimatingCounter()
+
+
+class ApiError(Exception):
+    """An error answered to the client in OpenAI's error shape."""
+
+    def __init__(self, message: str, status_code: int = 400,
+                 error_type: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.error_type = error_type
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.error_type,
+                          "param": None, "code": self.status_code}}
+
+
+class KvLoadFailure(ApiError):
+    """A decode hop could not load its KV and the policy is ``fail``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"KV load failed: {reason}", 500, "kv_load_failure")
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteKv:
+    """Where a decode hop pulls its KV from: the prefill hop's ``kv_transfer_params``."""
+
+    engine_id: str
+    request_id: str
+    host: str
+    port: int
+    block_ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    chat: bool
+    request_id: str
+    prompt: str | list[int]  # seeds the output text
+    prompt_tokens: int
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    remote_decode: bool  # prefill hop: keep the KV for a decode engine
+    remote_prefill: RemoteKv | None  # decode hop: pull the KV from here
+
+
+def _int_field(body: dict[str, Any], key: str, minimum: int) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ApiError(f"{key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _bool_field(body: dict[str, Any], key: str) -> bool:
+    value = body.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ApiError(f"{key} must be a boolean, got {value!r}")
+    return value
+
+
+def _check_prompt(body: dict[str, Any], chat: bool) -> None:
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ApiError("messages must be a non-empty list")
+        if not all(isinstance(m, dict) for m in messages):
+            raise ApiError("each message must be an object")
+        return
+    prompt = body.get("prompt")
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+        return
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return
+    raise ApiError("prompt must be a string, a list of token ids or a list of one string "
+                   "(the simulated engine serves one prompt per request)")
+
+
+def _max_tokens(body: dict[str, Any], chat: bool) -> int:
+    value = _int_field(body, "max_completion_tokens", 1) if chat else None
+    if value is None:
+        value = _int_field(body, "max_tokens", 1)
+    return DEFAULT_MAX_TOKENS if value is None else value
+
+
+def _remote_kv(params: dict[str, Any]) -> RemoteKv:
+    keys = ("remote_engine_id", "remote_request_id", "remote_host", "remote_port",
+            "remote_block_ids")
+    missing = [k for k in keys if k not in params]
+    if missing:
+        raise ApiError(f"kv_transfer_params with do_remote_prefill lacks {', '.join(missing)}")
+    engine_id, request_id, host, port, block_ids = (params[k] for k in keys)
+    ok = (isinstance(engine_id, str) and isinstance(request_id, str) and isinstance(host, str)
+          and isinstance(port, int) and isinstance(block_ids, list)
+          and all(isinstance(b, int) for b in block_ids))
+    if not ok:
+        raise ApiError("kv_transfer_params: remote_engine_id, remote_request_id and remote_host "
+                       "must be strings, remote_port an integer, remote_block_ids integers")
+    return RemoteKv(engine_id, request_id, host, port, block_ids)
+
+
+def _kv_params(body: dict[str, Any]) -> tuple[bool, RemoteKv | None]:
+    params = body.get("kv_transfer_params")
+    if params is None:
+        return False, None
+    if not isinstance(params, dict):
+        raise ApiError("kv_transfer_params must be an object")
+    decode, prefill = _bool_field(params, "do_remote_decode"), _bool_field(
+        params, "do_remote_prefill")
+    if decode and prefill:
+        raise ApiError("kv_transfer_params: do_remote_decode and do_remote_prefill are exclusive")
+    return decode, _remote_kv(params) if prefill else None
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise ApiError("stream_options must be an object")
+    return _bool_field(options, "include_usage")
+
+
+def parse_request(body: Any, *, chat: bool, request_id: str, model_name: str,
+                  max_model_len: int) -> SimRequest:
+    """Validate a completion or chat body; raise ``ApiError`` as vLLM would answer."""
+    if not isinstance(body, dict):
+        raise ApiError("request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != model_name:
+        raise ApiError(f"The model `{model}` does not exist.", 404, "NotFoundError")
+    _check_prompt(body, chat)
+    if body.get("n", 1) != 1:
+        raise ApiError("n must be 1 (the simulated engine returns one choice)")
+    max_tokens = _max_tokens(body, chat)
+    prompt_tokens = _COUNTER.count(body)
+    if prompt_tokens < 1:
+        raise ApiError("the prompt is empty")
+    if prompt_tokens + max_tokens > max_model_len:
+        raise ApiError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
+            f"{max_tokens} in the completion). Please reduce the length of the messages or "
+            "completion.")
+    remote_decode, remote_prefill = _kv_params(body)
+    stream = _bool_field(body, "stream")
+    return SimRequest(
+        chat=chat, request_id=request_id, prompt=prompt_of(body), prompt_tokens=prompt_tokens,
+        max_tokens=1 if remote_decode else max_tokens, stream=stream,
+        include_usage=stream and _include_usage(body), remote_decode=remote_decode,
+        remote_prefill=remote_prefill)

@@ -1,0 +1,217 @@
+"""HTTP endpoints of the simulated engine: vLLM's OpenAI surface, /metrics, and /sim/*.
+
+Handlers parse, submit to the engine and render; a watcher task per generation request
+aborts the request in the engine when the client disconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from controller import profiles
+from controller.engines.sim import responses as out
+from controller.engines.sim.config import SimEngineConfig
+from controller.engines.sim.engine import SimEngine
+from controller.engines.sim.protocol import ApiError, SimRequest, parse_request
+from controller.engines.sim.stream import RequestStream
+from controller.engines.sim.text import prompt_seed
+
+
+@dataclass(frozen=True)
+class SimState:
+    """Everything the handlers share, fixed at app creation."""
+
+    cfg: SimEngineConfig
+    engine: SimEngine
+    ready_at: float  # time.monotonic() after which /health answers 200
+    created: int
+    kv_endpoint: dict[str, Any]  # how decode engines reach this engine's KV
+
+
+def _state(request: Request) -> SimState:
+    state: SimState = request.app.state.sim
+    return state
+
+
+def _error(err: ApiError, headers: dict[str, str]) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status_code, headers=headers)
+
+
+async def _json(request: Request) -> Any:
+    try:
+        return json.loads(await request.body())
+    except ValueError as exc:
+        raise ApiError(f"request body is not valid JSON: {exc}") from None
+
+
+# ---- plain endpoints ---------------------------------------------------------------------
+
+async def health(request: Request) -> Response:
+    ready = time.monotonic() >= _state(request).ready_at
+    return Response(status_code=200 if ready else 503)
+
+
+async def models(request: Request) -> JSONResponse:
+    st = _state(request)
+    card = {"id": st.cfg.model_name, "object": "model", "created": st.created,
+            "owned_by": "vllm", "root": st.cfg.model, "parent": None,
+            "max_model_len": profiles.model(st.cfg.model).max_model_len, "permission": []}
+    return JSONResponse({"object": "list", "data": [card]})
+
+
+async def metrics(request: Request) -> Response:
+    st = _state(request)
+    sched = st.engine.scheduler
+    text = st.engine.metrics.render(sched.num_running, sched.num_waiting, sched.kv_usage)
+    return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+
+async def info(request: Request) -> JSONResponse:
+    st = _state(request)
+    body = dataclasses.asdict(st.cfg)
+    body.update(engine_id=st.engine.engine_id, served_model_name=st.cfg.model_name,
+                kv_capacity_blocks=st.engine.scheduler.pool.capacity)
+    return JSONResponse(body)
+
+
+async def kv_pull(request: Request) -> JSONResponse:
+    """The prefill side of the handshake: give a decode engine a KV handle, once."""
+    st = _state(request)
+    try:
+        body = await _json(request)
+        seq_id, engine_id = body["remote_request_id"], body["remote_engine_id"]
+        block_ids = body["remote_block_ids"]
+    except (ApiError, KeyError, TypeError) as exc:
+        return _error(ApiError(f"bad pull request: {exc}"), {})
+    handle = st.engine.serve_pull(seq_id, engine_id, block_ids)
+    if handle is None:
+        err = ApiError(f"no KV handle {seq_id!r} on engine {engine_id!r} (unknown, expired, "
+                       "already pulled or another engine)", 404, "NotFoundError")
+        return _error(err, {})
+    return JSONResponse({"prompt_tokens": handle.prompt_tokens,
+                         "kv_bytes": st.engine.kv_bytes(handle.prompt_tokens)})
+
+
+# ---- generation ---------------------------------------------------------------------------
+
+async def completions(request: Request) -> Response:
+    return await _generate(request, chat=False)
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _generate(request, chat=True)
+
+
+async def _generate(request: Request, chat: bool) -> Response:
+    st = _state(request)
+    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+    headers = {"X-Request-Id": request_id}
+    try:
+        req = parse_request(await _json(request), chat=chat, request_id=request_id,
+                            model_name=st.cfg.model_name,
+                            max_model_len=profiles.model(st.cfg.model).max_model_len)
+    except ApiError as err:
+        return _error(err, headers)
+    stream = st.engine.submit(req)
+    watcher = asyncio.create_task(_abort_on_disconnect(request.receive, st.engine, stream))
+    reply = _reply(st, req, stream)
+    if req.stream:
+        return await _start_stream(st, reply, watcher, headers)
+    try:
+        await asyncio.shield(stream.done)
+    finally:
+        watcher.cancel()
+        st.engine.abort(stream)  # no-op once finished; frees KV if we were cancelled
+    if stream.error is not None:
+        return _error(stream.error, headers)
+    return JSONResponse(out.full_body(reply), headers=headers)
+
+
+def _reply(st: SimState, req: SimRequest, stream: RequestStream) -> out.Reply:
+    prefix = "chatcmpl" if req.chat else "cmpl"
+    return out.Reply(req, stream, f"{prefix}-{req.request_id}", int(time.time()),
+                     st.cfg.model_name, prompt_seed(req.prompt), st.kv_endpoint)
+
+
+async def _abort_on_disconnect(receive: Receive, engine: SimEngine,
+                               stream: RequestStream) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    engine.abort(stream)
+
+
+async def _start_stream(st: SimState, reply: out.Reply, watcher: asyncio.Task[None],
+                        headers: dict[str, str]) -> Response:
+    """Wait for the first token before sending headers, so a failed KV load is a 500."""
+    stream = reply.stream
+    try:
+        await stream.progress(0)
+    except BaseException:
+        watcher.cancel()
+        st.engine.abort(stream)
+        raise
+    if stream.error is not None and stream.num_tokens == 0:
+        watcher.cancel()
+        return _error(stream.error, headers)
+    return EventStreamResponse(_events(reply), watcher,
+                               lambda: st.engine.abort(stream), headers)
+
+
+async def _events(r: out.Reply) -> AsyncIterator[bytes]:
+    if r.req.chat:
+        yield out.role_chunk(r)
+    sent = 0
+    while True:
+        await r.stream.progress(sent)
+        pending = r.stream.num_tokens
+        if pending > sent:
+            yield b"".join(out.token_chunk(r, i) for i in range(sent, pending))
+            sent = pending
+        if r.stream.finished and sent == r.stream.num_tokens:
+            break
+    if r.stream.error is not None:
+        yield out.error_chunk(r.stream.error)
+    elif r.req.include_usage:
+        yield out.usage_chunk(r)
+    yield out.DONE
+
+
+class EventStreamResponse(StreamingResponse):
+    """Server-sent events from an async iterator; ends the request's watcher and work.
+
+    Replaces StreamingResponse's sending so that the disconnect watcher, not a task group
+    per response, notices a client that left, and the request is aborted in every case.
+    """
+
+    def __init__(self, body: AsyncIterator[bytes], watcher: asyncio.Task[None],
+                 on_close: Callable[[], None], headers: dict[str, str]) -> None:
+        super().__init__(body, headers={**headers, "Cache-Control": "no-cache"},
+                         media_type="text/event-stream")
+        self._body = body
+        self._watcher = watcher
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": self.raw_headers})
+            async for data in self._body:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            pass  # the client went away mid-send (ASGI 2.4 servers raise); on_close aborts
+        finally:
+            self._watcher.cancel()
+            self._on_close()  # aborts the request unless it finished

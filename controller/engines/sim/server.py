@@ -1,0 +1,125 @@
+"""The simulated engine as an app and a command: ``create_app`` and the CLI entry points."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import httpx
+import uvicorn
+from prometheus_client import disable_created_metrics
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from controller import profiles
+from controller.engines.sim import routes
+from controller.engines.sim.config import ConfigError, SimEngineConfig, validate_config
+from controller.engines.sim.engine import SimEngine
+from controller.engines.sim.kv_pull import PULL_PATH, KvPuller
+from controller.engines.sim.metrics import SimMetrics
+from controller.signals import clean_stop_signals
+
+GRACEFUL_SHUTDOWN_S = 2
+
+
+def _advertised_host(host: str) -> str:
+    """The host decode engines dial for KV: a wildcard bind is reached on loopback."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+def create_app(cfg: SimEngineConfig,
+               kv_transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
+    """The engine's Starlette app. ``kv_transport`` lets tests route KV pulls in-process.
+
+    Raises ``ConfigError`` for a config that names unknown profiles or does not fit.
+    """
+    validate_config(cfg)
+    engine_id = cfg.engine_id or uuid.uuid4().hex
+    engine = SimEngine(cfg, engine_id, SimMetrics(cfg.model_name), KvPuller(kv_transport))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await engine.close()
+
+    app = Starlette(routes=[
+        Route("/health", routes.health, methods=["GET"]),
+        Route("/v1/models", routes.models, methods=["GET"]),
+        Route("/v1/completions", routes.completions, methods=["POST"]),
+        Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+        Route("/metrics", routes.metrics, methods=["GET"]),
+        Route("/sim/info", routes.info, methods=["GET"]),
+        Route(PULL_PATH, routes.kv_pull, methods=["POST"]),
+    ], lifespan=lifespan)
+    kv_endpoint = {"remote_engine_id": engine_id, "remote_host": _advertised_host(cfg.host),
+                   "remote_port": cfg.port, "tp_size": cfg.tp}
+    app.state.sim = routes.SimState(cfg, engine, time.monotonic() + cfg.startup_delay_s,
+                                    int(time.time()), kv_endpoint)
+    return app
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``engine-sim`` flags; names follow vLLM's where vLLM has one."""
+    p = parser.add_argument
+    p("--port", type=int, required=True, help="HTTP port (also the KV side channel)")
+    p("--host", default="127.0.0.1", help="bind address, advertised to decode engines "
+      "as remote_host (default: %(default)s)")
+    p("--role", choices=["prefill", "decode", "both"], default="both",
+      help="what the instance reports; every role serves every request (default: %(default)s)")
+    p("--hardware", default="h100-sxm",
+      help=f"accelerator profile: {', '.join(sorted(profiles.HARDWARE))} (default: %(default)s)")
+    p("--model", default="llama-3-70b",
+      help=f"model profile: {', '.join(sorted(profiles.MODELS))} (default: %(default)s)")
+    p("--served-model-name", default=None, help="model name clients use (default: --model)")
+    p("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
+      help="tensor parallelism: accelerators per instance (default: %(default)s)")
+    p("--link", default="ib-ndr",
+      help=f"KV transfer link: {', '.join(sorted(profiles.LINKS))} (default: %(default)s)")
+    p("--time-scale", type=float, default=1.0, help="wall seconds slept per modelled second; "
+      "0.05 runs 20x faster than the hardware would (default: %(default)s)")
+    p("--kv-load-failure-policy", choices=["fail", "recompute"], default="fail",
+      help="decode hop whose KV pull fails: error, or prefill locally (default: %(default)s)")
+    p("--max-num-seqs", type=int, default=256,
+      help="most sequences in the running batch (default: %(default)s)")
+    p("--max-num-batched-tokens", type=int, default=8192,
+      help="token budget of one step, decodes plus prefill chunks (default: %(default)s)")
+    p("--kv-handle-ttl-s", type=float, default=480.0, help="wall seconds a prefill keeps "
+      "unpulled KV, like VLLM_NIXL_ABORT_REQUEST_TIMEOUT (default: %(default)s)")
+    p("--block-size", type=int, default=16, help="tokens per KV block (default: %(default)s)")
+    p("--engine-id", default=None, help="NIXL engine id (default: a fresh uuid4 hex)")
+    p("--startup-delay-s", type=float, default=0.0,
+      help="wall seconds /health answers 503, modelling engine load (default: %(default)s)")
+
+
+def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
+    """The validated config; ``ConfigError`` names the bad value and the known choices."""
+    cfg = SimEngineConfig(
+        port=args.port, host=args.host, role=args.role, hardware=args.hardware,
+        model=args.model, served_model_name=args.served_model_name, tp=args.tp, link=args.link,
+        time_scale=args.time_scale, kv_load_failure_policy=args.kv_load_failure_policy,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_handle_ttl_s=args.kv_handle_ttl_s, block_size=args.block_size,
+        engine_id=args.engine_id, startup_delay_s=args.startup_delay_s)
+    validate_config(cfg)
+    return cfg
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Serve until SIGINT or SIGTERM; 0 after a clean stop, 2 for a bad configuration."""
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as exc:
+        print(f"engine-sim: {exc}", file=sys.stderr)
+        return 2
+    # This process is the engine alone: drop the *_created series process-wide, which halves
+    # what a fleet of engines makes Prometheus scrape. Apps built in-process keep the default.
+    disable_created_metrics()
+    app = create_app(cfg)
+    with clean_stop_signals():
+        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False,
+                    timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    return 0
