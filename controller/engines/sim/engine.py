@@ -3,13 +3,15 @@
 Each step: ask the scheduler for a plan, sleep the plan's modelled duration times
 ``time_scale``, apply the step and deliver tokens. The loop task exists only while there are
 requests (an idle engine uses no CPU); KV pulls run as their own tasks; handle expiry is a
-loop timer. All request timings are wall times from ``loop.time()``.
+loop timer. All request timings are wall times from ``time.monotonic()``: uvloop's loop
+clock has only millisecond resolution.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import time
 import uuid
 
 from controller import profiles
@@ -59,8 +61,7 @@ class SimEngine:
         seq_id = req.request_id
         if self.scheduler.in_use(seq_id):  # a reused X-Request-Id must not collide
             seq_id = f"{seq_id}-{uuid.uuid4().hex[:8]}"
-        loop = asyncio.get_running_loop()
-        stream = RequestStream(seq_id, loop.time(), req.stream)
+        stream = RequestStream(seq_id, time.monotonic(), req.stream)
         self.scheduler.add(Seq(seq_id, req.prompt_tokens, req.max_tokens,
                                hold_kv=req.remote_decode,
                                remote_kv=req.remote_prefill is not None))
@@ -123,22 +124,21 @@ class SimEngine:
             self._wake.set()
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        clock = loop.time()
+        clock = time.monotonic()
         while self.scheduler.num_running or self.scheduler.num_waiting:
             plan = self.scheduler.schedule()
             self._start_pulls(plan.kv_loads)
             if plan.empty:  # only KV pulls in flight or blocked on KV space: wait for news
                 self._wake.clear()
                 await self._wake.wait()
-                clock = loop.time()  # time spent idle is not lag to catch up on
+                clock = time.monotonic()  # time spent idle is not lag to catch up on
                 continue
-            start = loop.time()
+            start = time.monotonic()
             clock = max(clock, start - MAX_LAG_S)
             self._scheduled(plan, start)
             clock += self._duration(plan) * self.cfg.time_scale
             await asyncio.sleep(clock - start)
-            now = loop.time()
+            now = time.monotonic()
             self._deliver(self.scheduler.complete(plan, now), now)
 
     def _duration(self, plan: StepPlan) -> float:
@@ -190,7 +190,7 @@ class SimEngine:
             return
         oldest = next(iter(self.scheduler.handles.values()))
         loop = asyncio.get_running_loop()
-        delay = max(oldest.created_at + self.cfg.kv_handle_ttl_s - loop.time(), 0.0)
+        delay = max(oldest.created_at + self.cfg.kv_handle_ttl_s - time.monotonic(), 0.0)
         self._expiry = loop.call_later(delay, self._on_expiry_timer)
 
     def _on_expiry_timer(self) -> None:
@@ -199,7 +199,7 @@ class SimEngine:
         self._arm_expiry()
 
     def _expire(self) -> None:
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()
         expired = self.scheduler.expire(now, self.cfg.kv_handle_ttl_s)
         if expired:
             self.metrics.expired_kv.inc(len(expired))
@@ -214,17 +214,16 @@ class SimEngine:
             self._pulls[seq.seq_id] = loop.create_task(self._pull(seq.seq_id, remote))
 
     async def _pull(self, seq_id: str, remote: RemoteKv) -> None:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = time.monotonic()
         try:
             result = await self._puller.pull(remote)
         except KvPullError as exc:
-            self._pull_failed(seq_id, exc.reason, loop.time() - started)
+            self._pull_failed(seq_id, exc.reason, time.monotonic() - started)
             return
-        posted = loop.time()
+        posted = time.monotonic()
         await asyncio.sleep(profiles.transfer_seconds(result.kv_bytes, self._link)
                             * self.cfg.time_scale)
-        self._pull_done(seq_id, remote, result, posted - started, loop.time() - posted)
+        self._pull_done(seq_id, remote, result, posted - started, time.monotonic() - posted)
 
     def _pull_done(self, seq_id: str, remote: RemoteKv, result: PullResult, post_s: float,
                    xfer_s: float) -> None:
