@@ -80,12 +80,14 @@ class Result:
         return self.done / self.seconds
 
 
-async def first_byte(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> float:
-    t0 = time.perf_counter()
+async def first_byte(client: httpx.AsyncClient, url: str, body: dict[str, Any],
+                     t0: float | None = None) -> float:
+    """Seconds from ``t0`` (default: now) to the first streamed byte; reads the whole stream."""
+    t0 = time.perf_counter() if t0 is None else t0
+    ttft = None
     async with client.stream("POST", url, json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"{r.status_code}")
-        ttft = None
         async for _ in r.aiter_raw():
             if ttft is None:
                 ttft = time.perf_counter() - t0
@@ -95,19 +97,14 @@ async def first_byte(client: httpx.AsyncClient, url: str, body: dict[str, Any]) 
 
 async def two_hop_direct(client: httpx.AsyncClient, p_url: str, d_url: str,
                          body: dict[str, Any]) -> float:
+    """The client does the NixlConnector two-hop flow itself: the no-router baseline."""
     t0 = time.perf_counter()
     pbody = {**body, "stream": False, "max_tokens": 1,
              "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}}
     r = await client.post(f"{p_url}/v1/completions", json=pbody)
     kv = r.json()["kv_transfer_params"]
-    async with client.stream("POST", f"{d_url}/v1/completions",
-                             json={**body, "kv_transfer_params": kv}) as resp:
-        ttft = None
-        async for _ in resp.aiter_raw():
-            if ttft is None:
-                ttft = time.perf_counter() - t0
-    assert ttft is not None
-    return ttft
+    return await first_byte(client, f"{d_url}/v1/completions",
+                            {**body, "kv_transfer_params": kv}, t0)
 
 
 async def run(fn: Any, concurrency: int, duration: float) -> Result:
