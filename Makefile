@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 
-.PHONY: lab test lint typecheck unit integration bench-router clean
+.PHONY: lab test lint typecheck unit integration bench-router browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,8 +16,14 @@ $(STAMP): pyproject.toml
 lab: $(STAMP)
 	$(BIN)/pdctl lab --backend sim
 
-test: lint typecheck
+test: lint typecheck browser
 	$(BIN)/pytest
+
+# The console's browser test drives Debian's Chromium (Playwright without its own browsers).
+browser:
+	@command -v chromium >/dev/null || { \
+	  [ "$$(id -u)" = 0 ] || { echo "install Debian's chromium (needs root)"; exit 1; }; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check controller dashboard tests scripts

@@ -96,3 +96,40 @@ def stats(records: list[RequestRecord], window_s: float, alert_share: float
 def mean(values: Iterable[float]) -> float:
     vals = list(values)
     return sum(vals) / len(vals) if vals else 0.0
+
+
+def timeseries(records: list[RequestRecord], window_s: float, step_s: float, now: float
+               ) -> list[dict[str, Any]]:
+    """Per-``step_s`` buckets over the last ``window_s`` seconds, oldest first: request rate,
+    paths, errors, TTFT percentiles, mean TTFT parts (for stacking) and KV bandwidth."""
+    n = max(1, math.ceil(window_s / step_s))
+    start = now - n * step_s
+    buckets: list[list[RequestRecord]] = [[] for _ in range(n)]
+    for r in records:
+        k = int((r.started_at - start) // step_s)
+        if 0 <= k < n:
+            buckets[k].append(r)
+    return [_bucket(start + k * step_s, step_s, b) for k, b in enumerate(buckets)]
+
+
+def _bucket(t: float, step_s: float, records: list[RequestRecord]) -> dict[str, Any]:
+    ok = [r for r in records if r.status == "ok"]
+    disagg = [r for r in ok if r.path is RequestPath.DISAGGREGATED]
+    ttft = percentiles([r.ttft_ms for r in ok])
+    kv_bytes = sum(r.kv_bytes for r in disagg)
+    kv_ms = sum(r.transfer_ms for r in disagg)
+    return {
+        "t": t,
+        "requests": len(records),
+        "rate": len(records) / step_s,
+        "ok": len(ok),
+        "errors": len(records) - len(ok),
+        "disaggregated": len(disagg),
+        "colocated": len(ok) - len(disagg),
+        "ttft_ms": {k: ttft[k] for k in ("p50", "p90", "p99", "mean")},
+        "parts_mean_ms": {c.removesuffix("_ms"): mean(getattr(r, c) for r in ok)
+                          for c in COMPONENTS},
+        "kv_bytes": kv_bytes,
+        "kv_bytes_per_s": kv_bytes / step_s,
+        "transfer_gbps": (kv_bytes / 1e9) / (kv_ms / 1e3) if kv_ms > 0 else 0.0,
+    }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
@@ -12,9 +13,9 @@ from starlette.requests import Request
 from controller import advisor, profiles
 from controller.api.state import AppState, app_state
 from controller.config import PolicyName
-from controller.errors import NotFound, Unauthorized
+from controller.errors import InvalidChange, NotFound, Unauthorized
 from controller.models import InstanceState, Role
-from controller.requests_log import stats
+from controller.requests_log import stats, timeseries
 
 
 def require_token(request: Request) -> None:
@@ -151,6 +152,16 @@ def get_stats(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 60
     out["pools"] = pool_utilization(st)
     out["total_requests"] = st.requests.total
     return out
+
+
+@router.get("/timeseries")
+def get_timeseries(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 300.0,
+                   step_s: Annotated[float, Query(gt=0, le=3600)] = 5.0) -> dict[str, Any]:
+    if window_s / step_s > 2000:
+        raise InvalidChange("window_s / step_s must be at most 2000 buckets")
+    now = time.time()
+    return {"window_s": window_s, "step_s": step_s, "now": now,
+            "buckets": timeseries(st.requests.window(window_s, now), window_s, step_s, now)}
 
 
 @router.get("/advisor")

@@ -110,6 +110,9 @@ def test_accounting_invariant_for_every_record(ctl: ControllerProc, sdk: openai.
     stats = ctl.get("/stats?window_s=600")
     assert stats["requests"] >= 6 and stats["ttft_ms"]["p50"] > 0
     assert stats["components_ms"]["transfer"]["p99"] > 0
+    series = ctl.get("/timeseries?window_s=600&step_s=10")["buckets"]
+    assert len(series) == 60 and sum(b["requests"] for b in series) >= 6
+    assert any(b["parts_mean_ms"]["transfer"] > 0 for b in series)
     text = httpx.get(f"{ctl.url}/metrics").text
     for name in ("pdctl_requests_total", "pdctl_ttft_seconds_bucket",
                  'pdctl_ttft_component_seconds_count{component="transfer"}',

@@ -96,3 +96,16 @@ def test_stats_percentiles_and_alert() -> None:
     assert out["request_rate"] == 1.0 and out["disaggregated_share"] == 1.0
     assert out["transfer_share"]["alert"] is True  # transfer is 25% of TTFT
     assert percentiles([])["p50"] == 0.0
+
+
+def test_timeseries_buckets() -> None:
+    from controller.requests_log import timeseries
+
+    records = [rec(i, 1000.0 + i * 0.5, 10.0 * (i % 3 + 1)) for i in range(40)]  # 20 s
+    out = timeseries(records, window_s=20.0, step_s=5.0, now=1020.0)
+    assert [b["requests"] for b in out] == [10, 10, 10, 10]
+    assert out[0]["t"] == 1000.0 and out[0]["rate"] == 2.0
+    assert out[0]["disaggregated"] == 10 and out[0]["kv_bytes"] == 10_000
+    parts = out[0]["parts_mean_ms"]
+    assert set(parts) == {"queue", "prefill", "transfer", "decode_sched", "overhead"}
+    assert parts["transfer"] > 0 and out[0]["ttft_ms"]["p99"] == 30.0
