@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from controller import client_cli, serve
+from controller import client_cli, make_model, serve
 
 EPILOG = """\
 examples:
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_lab_parser(sub)
     serve.add_controller_parser(sub)
     serve.add_engine_sim_parser(sub)
+    make_model.add_parser(sub)
     client_cli.add_parsers(sub)
     return p
 

@@ -30,25 +30,43 @@ log = logging.getLogger("pdctl.cluster")
 RETAIN_TERMINAL_S = 120.0
 SUSPECT_S = 2.0
 MAX_BACKOFF_S = 30.0
-LOAD_GAUGES = {
+LOAD_SERIES = {
     "vllm:num_requests_running": "running",
     "vllm:num_requests_waiting": "waiting",
     "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:nixl_xfer_time_seconds_sum": "nixl_xfer_s",
+    "vllm:nixl_xfer_time_seconds_count": "nixl_xfers",
+    "vllm:nixl_bytes_transferred_sum": "nixl_bytes",
 }
 
 
 def parse_load(text: str) -> dict[str, float]:
-    """Sum the load gauges of a vLLM /metrics page (one engine may expose several series)."""
+    """Sum the load and NIXL series of a vLLM /metrics page (an engine may expose several)."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        field = LOAD_GAUGES.get(name)
+        field = LOAD_SERIES.get(name)
         if field:
             with contextlib.suppress(ValueError, IndexError):
                 out[field] = out.get(field, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
+
+
+def apply_load(inst: Instance, load: dict[str, float]) -> None:
+    """Update an instance from its parsed /metrics, including the mean NIXL transfer time
+    of the transfers completed since the previous poll."""
+    inst.running = load.get("running", 0.0)
+    inst.waiting = load.get("waiting", 0.0)
+    inst.kv_usage = load.get("kv_usage", 0.0)
+    xfers = load.get("nixl_xfers", 0.0)
+    if xfers > inst.nixl_xfers:
+        seconds = load.get("nixl_xfer_s", 0.0) - inst.nixl_xfer_s
+        inst.recent_xfer_ms = max(0.0, seconds / (xfers - inst.nixl_xfers) * 1e3)
+    inst.nixl_xfers = xfers
+    inst.nixl_xfer_s = load.get("nixl_xfer_s", 0.0)
+    inst.nixl_bytes = load.get("nixl_bytes", 0.0)
 
 
 class Cluster:
@@ -93,8 +111,8 @@ class Cluster:
                 validation.check_tp(self.model, self.hw, self.settings.hardware.per_node,
                                     t.tp, role)
             validation.check_pairing(targets[Role.PREFILL].tp, targets[Role.DECODE].tp)
-            validation.check_capacity(targets, self.settings.hardware.per_node,
-                                      self.settings.hardware.nodes)
+            hw = self.settings.hardware
+            validation.check_capacity(targets, hw.per_node * hw.share, hw.nodes)
         except (InvalidChange, KeyError) as exc:
             self.store.record("controller", "desired.reset", "pools", _targets_json(targets),
                               _targets_json(config), f"stored pools invalid here: {exc}")
@@ -120,7 +138,8 @@ class Cluster:
         hw = self.settings.hardware
         new = validation.check_change(
             self.targets, role, size, tp, model=self.model, hw=self.hw,
-            per_node=hw.per_node, nodes=hw.nodes, managed=self.launcher.managed)
+            per_node=hw.per_node, nodes=hw.nodes, managed=self.launcher.managed,
+            share=hw.share)
         before = _target_json(self.targets[role])
         self.targets = new
         self.store.put("desired", _targets_json(new))
@@ -301,15 +320,16 @@ class Cluster:
         return PlanInput(self.targets, observed, self._free_accelerators(), now,
                          self.settings.controller.drain_timeout_s, may_start)
 
-    def _used_accelerators(self) -> set[int]:
+    def _used_slots(self) -> set[int]:
         used: set[int] = set()
         for inst in self.instances.values():
             if inst.state.holds_accelerators or inst.id in self._stopping:
-                used.update(inst.accelerators)
+                used.update(inst.slots)
         return used
 
     def _free_accelerators(self) -> int:
-        return self.settings.hardware.total_accelerators - len(self._used_accelerators())
+        hw = self.settings.hardware
+        return hw.total_accelerators * hw.share - len(self._used_slots())
 
     async def _apply(self, action: Action) -> None:
         if isinstance(action, Start):
@@ -330,10 +350,12 @@ class Cluster:
 
     async def _start(self, action: Start) -> None:
         hw = self.settings.hardware
-        accel = placement.allocate(self._used_accelerators(), hw.per_node, hw.nodes, action.tp)
-        if accel is None:
+        slots = placement.allocate(self._used_slots(), hw.per_node, hw.nodes, action.tp,
+                                   hw.share)
+        if slots is None:
             log.warning("no free accelerators for %s TP %d", action.role.value, action.tp)
             return
+        accel = tuple(placement.physical(s, hw.per_node, hw.share) for s in slots)
         iid = self._next_id(action.role)
         log_path = self.settings.controller.state_dir / "logs" / f"{iid}.log"
         spec = LaunchSpec(iid, action.role, action.tp, accel, log_path)
@@ -344,7 +366,7 @@ class Cluster:
             self._backoff_until[action.role] = self.clock() + MAX_BACKOFF_S
             return
         inst = Instance(iid, action.role, action.tp, launched.url, created_at=self.clock(),
-                        accelerators=accel, handle=launched)
+                        accelerators=accel, slots=slots, handle=launched)
         self.instances[iid] = inst
         self.store.record("reconciler", "instance.starting", iid, None,
                           {"role": action.role.value, "tp": action.tp, "url": launched.url,
@@ -373,10 +395,7 @@ class Cluster:
         texts = await asyncio.gather(*(self._fetch_metrics(i) for i in live))
         for inst, text in zip(live, texts, strict=True):
             if text is not None:
-                load = parse_load(text)
-                inst.running = load.get("running", 0.0)
-                inst.waiting = load.get("waiting", 0.0)
-                inst.kv_usage = load.get("kv_usage", 0.0)
+                apply_load(inst, parse_load(text))
 
     async def _fetch_metrics(self, inst: Instance) -> str | None:
         try:
@@ -418,7 +437,9 @@ class Cluster:
         }
 
     def used_accelerators(self) -> int:
-        return len(self._used_accelerators())
+        """Distinct accelerators that hold at least one instance."""
+        return len({a for i in self.instances.values()
+                    if i.state.holds_accelerators for a in i.accelerators})
 
 
 def _launched(inst: Instance) -> Launched:

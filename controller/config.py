@@ -49,6 +49,9 @@ class HardwareSettings(Strict):
     accelerators_per_node: int | None = Field(None, ge=1, description="default: the profile's")
     nodes: int = Field(4, ge=1)
     kv_link: str = "ib-ndr"
+    share: int = Field(1, ge=1, le=8, description=(
+        "instances that may share one accelerator; for the CPU lab, where instances beyond "
+        "the core count are pinned to the same cores (correct, but slow)"))
 
     @model_validator(mode="after")
     def _known(self) -> HardwareSettings:
@@ -71,6 +74,10 @@ class HardwareSettings(Strict):
     @property
     def total_accelerators(self) -> int:
         return self.per_node * self.nodes
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.accelerator.startswith("cpu")
 
 
 class PoolSettings(Strict):
@@ -108,6 +115,17 @@ class SimSettings(Strict):
     startup_delay_s: float = Field(0.5, ge=0)
 
 
+class VllmSettings(Strict):
+    python: str | None = Field(None, description="interpreter with vLLM; default: this one")
+    kv_load_failure_policy: Literal["fail", "recompute"] = "recompute"
+    block_size: int | None = Field(None, ge=1, description="default: 128 on CPU, 16 on GPU")
+    max_model_len: int | None = Field(None, ge=16)
+    cpu_kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE per instance")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    enforce_eager: bool = False
+    extra_env: dict[str, str] = Field(default_factory=dict)
+
+
 class ControllerSettings(Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -134,6 +152,7 @@ class Settings(BaseSettings):
     pools: PoolsSettings = Field(default_factory=PoolsSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     sim: SimSettings = Field(default_factory=SimSettings)
+    vllm: VllmSettings = Field(default_factory=VllmSettings)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
 
     @classmethod
@@ -161,6 +180,13 @@ class Settings(BaseSettings):
     @property
     def model_profile(self) -> profiles.ModelProfile:
         return model_profile_for(self.model)
+
+    @property
+    def kv_block_size(self) -> int:
+        """Tokens per KV block on the engines (KV bytes are counted at this granularity)."""
+        if self.backend != "vllm":
+            return 16
+        return self.vllm.block_size or (128 if self.hardware.is_cpu else 16)
 
 
 def model_profile_for(m: ModelSettings) -> profiles.ModelProfile:
@@ -215,7 +241,7 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     try:
         settings = Settings(**data)
         if overrides:
-            merged = _deep_merge(settings.model_dump(), overrides)
+            merged = deep_merge(settings.model_dump(), overrides)
             settings = Settings.model_validate(merged)
     except ValidationError as exc:
         where = f"config file {path}: " if path else "configuration: "
@@ -223,11 +249,11 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     return settings
 
 
-def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
+            out[key] = deep_merge(out[key], value)
         else:
             out[key] = value
     return out

@@ -63,11 +63,16 @@ class Instance:
     running: float = 0.0
     waiting: float = 0.0
     kv_usage: float = 0.0
+    nixl_xfers: float = 0.0  # cumulative, from vllm:nixl_xfer_time_seconds_count
+    nixl_xfer_s: float = 0.0  # cumulative, from vllm:nixl_xfer_time_seconds_sum
+    nixl_bytes: float = 0.0  # cumulative, from vllm:nixl_bytes_transferred_sum
+    recent_xfer_ms: float = 0.0  # mean NIXL transfer time since the previous poll
     health_failures: int = 0
     suspect_until: float = 0.0
     ended_at: float | None = None
     last_error: str | None = None
-    accelerators: tuple[int, ...] = ()
+    accelerators: tuple[int, ...] = ()  # the devices (GPUs, CPU cores) it runs on
+    slots: tuple[int, ...] = ()  # placement slots; differ from devices when instances share
     handle: Any = field(default=None, repr=False)
 
     def public(self) -> dict[str, Any]:
@@ -86,6 +91,8 @@ class Instance:
                 "waiting": self.waiting,
                 "kv_cache_usage": self.kv_usage,
             },
+            "nixl": {"transfers": self.nixl_xfers, "seconds": self.nixl_xfer_s,
+                     "bytes": self.nixl_bytes, "recent_xfer_ms": self.recent_xfer_ms},
             "last_error": self.last_error,
             "pid": self.pid,
         }

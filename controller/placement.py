@@ -6,14 +6,24 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 
-def allocate(used: set[int], per_node: int, nodes: int, tp: int) -> tuple[int, ...] | None:
-    """The lowest free accelerators of one node that hold ``tp`` of them, or None."""
+def allocate(used: set[int], per_node: int, nodes: int, tp: int, share: int = 1
+             ) -> tuple[int, ...] | None:
+    """The lowest free placement slots of one node that give ``tp`` distinct accelerators,
+    or None. Without sharing a slot is an accelerator; see ``physical``."""
     if tp > per_node:
         return None
+    slots = per_node * share
     for node in range(nodes):
-        free = [node * per_node + k for k in range(per_node) if node * per_node + k not in used]
-        if len(free) >= tp:
-            return tuple(free[:tp])
+        chosen: list[int] = []
+        devices: set[int] = set()
+        for k in range(slots):
+            slot = node * slots + k
+            if slot in used or k % per_node in devices:
+                continue
+            chosen.append(slot)
+            devices.add(k % per_node)
+            if len(chosen) == tp:
+                return tuple(chosen)
     return None
 
 
@@ -29,3 +39,15 @@ def fits(demands: Iterable[int], per_node: int, nodes: int) -> bool:
         else:
             return False
     return True
+
+
+def physical(slot: int, per_node: int, share: int) -> int:
+    """The accelerator a placement slot runs on when ``share`` instances may share one.
+
+    Slots are numbered per node (``per_node * share`` of them); slot k of a node maps to its
+    accelerator ``k % per_node``, so consecutive slots -- one TP group -- land on distinct
+    accelerators.
+    """
+    slots = per_node * share
+    node, k = divmod(slot, slots)
+    return node * per_node + k % per_node

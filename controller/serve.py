@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,9 @@ import uvicorn
 
 from controller.api import create_app
 from controller.api.state import AppState
-from controller.config import Settings, load_settings
+from controller.config import Settings, deep_merge, load_settings
 from controller.errors import ConfigError, InvalidChange
+from controller.make_model import is_model_dir, make_model
 from controller.models import InstanceState, Role
 from controller.signals import clean_stop_signals
 
@@ -45,10 +47,14 @@ def add_lab_parser(sub: SubParsers) -> None:
                     "where the API token is, and stop everything on Ctrl-C or SIGTERM.")
     _common_server_flags(p)
     p.add_argument("--backend", choices=["vllm", "sim"], default="vllm",
-                   help="vllm: real vLLM instances, KV over NIXL (default); "
+                   help="vllm: real vLLM instances on this machine's CPU with the tiny lab "
+                        "model, KV over NIXL (default; GPU hosts: pass --config); "
                         "sim: simulated engines (Llama-3-70B on H100 unless configured)")
     p.add_argument("--prefill", type=int, metavar="N", help="prefill pool size (default 1)")
     p.add_argument("--decode", type=int, metavar="N", help="decode pool size (default 1)")
+    p.add_argument("--model-dir", type=Path, default=Path("lab-model"),
+                   help="vllm backend: the lab model's directory, written if missing "
+                        "(default ./lab-model)")
     p.add_argument("--time-scale", type=float,
                    help="sim only: wall seconds per modelled second (default 1.0)")
     p.add_argument("--no-dashboard", action="store_true",
@@ -115,17 +121,37 @@ def run_controller(args: argparse.Namespace) -> int:
     return _serve(settings)
 
 
-def _vllm_missing() -> str | None:
+def vllm_missing() -> str | None:
+    """Why the vllm backend cannot run here, or None."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
         return ("vLLM is not installed in this environment. `make lab` installs the CPU build "
                 "(pip install -e '.[lab]'); on GPU hosts install `vllm` and `nixl`.")
-    return ("the vLLM backend is not built yet (issue 3: the vllm launcher).")
+    if importlib.util.find_spec("nixl") is None:
+        return "NIXL is not installed in this environment (pip install nixl)."
+    return None
+
+
+def cpu_lab_defaults(model_dir: Path) -> dict[str, Any]:
+    """The real lab on this machine's CPU: the tiny model, one core per instance, KV over
+    NIXL in host memory; more instances than cores share cores (correct, slow)."""
+    return {
+        "model": {"name": "lab-tiny", "path": str(model_dir)},
+        "hardware": {"accelerator": "cpu-lab", "accelerators_per_node": os.cpu_count() or 1,
+                     "nodes": 1, "kv_link": "host-memory", "share": 2},
+        "pools": {"prefill": {"size": 1, "tp": 1}, "decode": {"size": 1, "tp": 1}},
+        "routing": {"disagg_min_prompt_tokens": 128},
+        "controller": {"start_timeout_s": 600.0, "health_interval_s": 5.0,
+                       "unhealthy_after": 6},
+    }
 
 
 def lab_settings(args: argparse.Namespace) -> Settings:
-    over = _overrides(args)
+    over: dict[str, Any] = {}
+    if args.backend == "vllm" and args.config is None:
+        over = cpu_lab_defaults(args.model_dir)
+    over = deep_merge(over, _overrides(args))
     over["backend"] = args.backend
     if args.time_scale is not None:
         over["sim"] = {"time_scale": args.time_scale}
@@ -135,9 +161,15 @@ def lab_settings(args: argparse.Namespace) -> Settings:
 def run_lab(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level)
     if args.backend == "vllm":
-        print(f"pdctl lab: {_vllm_missing()}\n"
-              "Run `pdctl lab --backend sim` for a simulated fleet.", file=sys.stderr)
-        return 2
+        missing = vllm_missing()
+        if missing:
+            print(f"pdctl lab: {missing}\n"
+                  "Run `pdctl lab --backend sim` for a simulated fleet.", file=sys.stderr)
+            return 2
+        if args.config is None and not is_model_dir(args.model_dir):
+            print(f"pdctl lab: no model in {args.model_dir}; writing the lab model there",
+                  flush=True)
+            make_model(args.model_dir)
     try:
         settings = lab_settings(args)
     except ConfigError as exc:
@@ -181,26 +213,36 @@ async def _lab_session(st: AppState, args: argparse.Namespace) -> None:
     await report_progress(st)
 
 
-async def report_progress(st: AppState, every_s: float = 2.0) -> None:
-    """Print a line while pools converge, then one when they are ready."""
-    last = ""
+def progress_line(st: AppState) -> str | None:
+    """One line on how far the pools are from their desired state; None when converged."""
+    views = {r: st.cluster.pool_view(r) for r in Role}
+    if all(v["converged"] for v in views.values()):
+        return None
+    line = "converging: " + ", ".join(
+        f"{r.value} {v['actual']['ready_at_desired_tp']}/{v['desired']['size']} ready"
+        for r, v in views.items())
+    starting = [i for i in st.cluster.instances.values() if i.state is InstanceState.STARTING]
+    if starting:
+        now = st.cluster.clock()
+        line += "; starting " + ", ".join(f"{i.id} {now - i.created_at:.0f}s" for i in starting)
+    return line
+
+
+async def report_progress(st: AppState, every_s: float = 2.0, quiet_s: float = 10.0) -> None:
+    """Print progress while pools converge (on change, else every ``quiet_s`` seconds), and
+    one line when they are ready."""
+    last, last_at, ready_said = "", 0.0, False
     while True:
-        views = {r: st.cluster.pool_view(r) for r in Role}
-        if all(v["converged"] for v in views.values()):
-            if last != "ready":
-                print("pools ready: " + ", ".join(
-                    f"{r.value} {v['actual']['ready']}" for r, v in views.items()), flush=True)
-                last = "ready"
-        else:
-            starting = [i for i in st.cluster.instances.values()
-                        if i.state is InstanceState.STARTING]
-            line = "converging: " + ", ".join(
-                f"{r.value} {v['actual']['ready_at_desired_tp']}/{v['desired']['size']} ready"
-                for r, v in views.items())
-            if starting:
-                now = st.cluster.clock()
-                line += "; starting " + ", ".join(
-                    f"{i.id} {now - i.created_at:.0f}s" for i in starting)
-            print(line, flush=True)
-            last = line
+        line = progress_line(st)
+        now = st.cluster.clock()
+        if line is None and not ready_said:
+            print("pools ready: " + ", ".join(
+                f"{r.value} {len(st.cluster.ready(r))}" for r in Role), flush=True)
+            ready_said = True
+        elif line is not None:
+            ready_said = False
+            shape = line.split("; starting")[0]
+            if shape != last or now - last_at >= quiet_s:
+                print(line, flush=True)
+                last, last_at = shape, now
         await asyncio.sleep(every_s)

@@ -56,7 +56,7 @@ def check_capacity(targets: dict[Role, PoolTarget], per_node: int, nodes: int) -
 def check_change(
     targets: dict[Role, PoolTarget], role: Role, size: int | None, tp: int | None, *,
     model: profiles.ModelProfile, hw: profiles.HardwareProfile, per_node: int, nodes: int,
-    managed: bool,
+    managed: bool, share: int = 1,
 ) -> dict[Role, PoolTarget]:
     """The new targets if the change is valid; raises ``InvalidChange`` otherwise."""
     if size is None and tp is None:
@@ -74,5 +74,5 @@ def check_change(
     check_tp(model, hw, per_node, new.tp, role)
     merged = {**targets, role: new}
     check_pairing(merged[Role.PREFILL].tp, merged[Role.DECODE].tp)
-    check_capacity(merged, per_node, nodes)
+    check_capacity(merged, per_node * share, nodes)
     return merged

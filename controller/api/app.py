@@ -26,10 +26,11 @@ from controller.api import control, data
 from controller.api.state import AppState
 from controller.cluster import Cluster
 from controller.config import Settings
-from controller.errors import ConfigError, InvalidChange, PdctlError
+from controller.errors import InvalidChange, PdctlError
 from controller.launchers.base import Launcher
 from controller.launchers.external import ExternalLauncher
 from controller.launchers.sim import SimLauncher
+from controller.launchers.vllm import VllmLauncher
 from controller.metrics import Metrics
 from controller.models import Role
 from controller.requests_log import RequestLog
@@ -59,8 +60,7 @@ def make_launcher(settings: Settings) -> Launcher:
     if settings.backend == "external":
         return ExternalLauncher({Role.PREFILL: settings.pools.prefill.urls,
                                  Role.DECODE: settings.pools.decode.urls})
-    raise ConfigError("backend 'vllm' is not available in this build yet: the vLLM launcher "
-                      "is tracked as issue 3; use backend 'sim' or 'external'")
+    return VllmLauncher(settings)
 
 
 def _data_client(settings: Settings) -> httpx.AsyncClient:

@@ -14,7 +14,7 @@ from controller import advisor, profiles
 from controller.api.state import AppState, app_state
 from controller.config import PolicyName
 from controller.errors import InvalidChange, NotFound, Unauthorized
-from controller.models import InstanceState, Role
+from controller.models import Instance, InstanceState, Role
 from controller.requests_log import stats, timeseries
 
 
@@ -128,6 +128,14 @@ def list_requests(st: State, limit: Annotated[int, Query(ge=1, le=10_000)] = 100
     return [r.public() for r in st.requests.recent(limit)]
 
 
+def nixl_totals(instances: list[Instance]) -> dict[str, float]:
+    """KV moved by NIXL as the engines count it (decode side), and its bandwidth."""
+    nbytes = sum(i.nixl_bytes for i in instances)
+    seconds = sum(i.nixl_xfer_s for i in instances)
+    return {"transfers": sum(i.nixl_xfers for i in instances), "bytes": nbytes,
+            "seconds": seconds, "gbps": nbytes / 1e9 / seconds if seconds > 0 else 0.0}
+
+
 def pool_utilization(st: AppState) -> dict[str, Any]:
     out = {}
     for role in Role:
@@ -140,6 +148,7 @@ def pool_utilization(st: AppState) -> dict[str, Any]:
             "waiting": sum(i.waiting for i in ready),
             "busy_share": sum(1 for i in ready if i.inflight or i.running) / n if n else 0.0,
             "kv_cache_usage_mean": sum(i.kv_usage for i in ready) / n if n else 0.0,
+            "nixl": nixl_totals(ready),
         }
     return out
 

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from controller.api.state import app_state
 from controller.errors import ClientDisconnected, RoutingError
-from controller.router.proxy import TAIL_BYTES, Ctx, Proxy, last_event
+from controller.router.proxy import TAIL_BYTES, Ctx, Proxy, last_event, strip_usage_event
 
 router = APIRouter()
 T = TypeVar("T")
@@ -60,6 +60,10 @@ async def _relay(proxy: Proxy, ctx: Ctx, resp: httpx.Response) -> AsyncIterator[
             if ctx.first_at is None:
                 ctx.first_at = time.perf_counter()
             tail = (tail + chunk)[-TAIL_BYTES:]
+            if ctx.strip_usage:
+                chunk = strip_usage_event(chunk)
+                if not chunk:
+                    continue
             yield chunk
         status = "ok"
     except httpx.TransportError as exc:

@@ -64,6 +64,7 @@ class Ctx:
     first_at: float | None = None
     retries: int = 0
     errors: list[str] = field(default_factory=list)
+    strip_usage: bool = False  # the router asked for a usage chunk the client did not
 
 
 @dataclass
@@ -93,6 +94,38 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def decode_body(body: dict[str, Any], kv_params: dict[str, Any] | None) -> tuple[dict[str, Any],
+                                                                                bool]:
+    """The decode hop's body, and whether the router added a usage chunk to a stream.
+
+    A streaming hop always asks for ``include_usage``: vLLM puts the request's usage and
+    per-request ``metrics`` in that final chunk, which accounting needs. When the client did
+    not ask for it, the relay drops that chunk again.
+    """
+    out = body if kv_params is None else {**body, "kv_transfer_params": kv_params}
+    if not body.get("stream"):
+        return out, False
+    opts = body.get("stream_options")
+    if isinstance(opts, dict) and opts.get("include_usage"):
+        return out, False
+    extra = opts if isinstance(opts, dict) else {}
+    return {**out, "stream_options": {**extra, "include_usage": True}}, True
+
+
+EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
+
+
+def _usage_only(event: bytes) -> bool:
+    return b'"usage"' in event and any(m in event for m in EMPTY_CHOICES)
+
+
+def strip_usage_event(chunk: bytes) -> bytes:
+    """Drop the usage-only SSE event (empty ``choices``) from a relayed chunk."""
+    if not any(m in chunk for m in EMPTY_CHOICES):
+        return chunk
+    return b"\n\n".join(e for e in chunk.split(b"\n\n") if not _usage_only(e))
+
+
 def _is_kv_load_failure(body: bytes) -> bool:
     return b"kv_load_failure" in body or b"KV load" in body
 
@@ -107,7 +140,7 @@ class Proxy:
         self.metrics = metrics
         s = cluster.settings
         self._link = profiles.link(s.hardware.kv_link)
-        self._block = 16
+        self._block = s.kv_block_size
 
     # ---- entry -----------------------------------------------------------------------
 
@@ -194,7 +227,7 @@ class Proxy:
 
     async def _open_decode(self, ctx: Ctx, kv_params: dict[str, Any] | None
                            ) -> httpx.Response:
-        body = ctx.body if kv_params is None else {**ctx.body, "kv_transfer_params": kv_params}
+        body, ctx.strip_usage = decode_body(ctx.body, kv_params)
         payload = json.dumps(body).encode()
         tried: set[str] = set()
         for _ in range(self.cluster.routing.max_attempts):
@@ -260,7 +293,7 @@ class Proxy:
             ttft_ms=ttft, disaggregated=disagg, prefill=ctx.prefill_times,
             prefill_wall_ms=ctx.prefill_wall_ms, decode=decode_times,
             decode_wall_to_first_ms=to_first,
-            transfer_model_ms=profiles.transfer_seconds(kv_bytes, self._link) * 1e3,
+            transfer_model_ms=self._transfer_estimate_ms(ctx, kv_bytes),
         ))
         rec = RequestRecord(
             id=ctx.rid, started_at=ctx.started_at, endpoint=ctx.endpoint, path=ctx.path,
@@ -277,6 +310,13 @@ class Proxy:
         self.requests.add(rec)
         self.metrics.observe(rec)
         return rec
+
+    def _transfer_estimate_ms(self, ctx: Ctx, kv_bytes: int) -> float:
+        """The decode instance's recent mean NIXL transfer time when it reports NIXL
+        metrics, else the modelled time of ``kv_bytes`` over the configured link."""
+        if ctx.decode is not None and ctx.decode.recent_xfer_ms > 0:
+            return ctx.decode.recent_xfer_ms
+        return profiles.transfer_seconds(kv_bytes, self._link) * 1e3
 
     def fail(self, ctx: Ctx, exc: RoutingError | Exception) -> RequestRecord:
         status = "cancelled" if getattr(exc, "status_code", 0) == 499 else "error"

@@ -109,3 +109,33 @@ def test_timeseries_buckets() -> None:
     parts = out[0]["parts_mean_ms"]
     assert set(parts) == {"queue", "prefill", "transfer", "decode_sched", "overhead"}
     assert parts["transfer"] > 0 and out[0]["ttft_ms"]["p99"] == 30.0
+
+
+def test_streaming_decode_hop_asks_for_usage_and_relay_strips_it() -> None:
+    from controller.router.proxy import decode_body, strip_usage_event
+
+    body, strip = decode_body({"prompt": "x", "stream": True}, {"do_remote_prefill": True})
+    assert strip and body["stream_options"] == {"include_usage": True}
+    assert body["kv_transfer_params"] == {"do_remote_prefill": True}
+    asked = {"prompt": "x", "stream": True, "stream_options": {"include_usage": True}}
+    assert decode_body(asked, None) == (asked, False)
+    assert decode_body({"prompt": "x"}, None) == ({"prompt": "x"}, False)
+    chunk = (b'data: {"choices":[{"text":"a","finish_reason":"length"}]}\n\n'
+             b'data: {"choices":[],"usage":{"prompt_tokens":1},"metrics":{}}\n\n'
+             b"data: [DONE]\n\n")
+    out = strip_usage_event(chunk)
+    assert b"usage" not in out and b'"text":"a"' in out and b"[DONE]" in out
+    assert strip_usage_event(b'data: {"choices":[{"text":"b"}]}\n\n') == (
+        b'data: {"choices":[{"text":"b"}]}\n\n')
+
+
+def test_apply_load_tracks_recent_nixl_transfer_time() -> None:
+    from controller.cluster import apply_load
+
+    inst = instances(1)[0]
+    apply_load(inst, {"running": 2, "nixl_xfers": 4, "nixl_xfer_s": 0.04, "nixl_bytes": 4e6})
+    assert inst.running == 2 and inst.recent_xfer_ms == 10.0
+    apply_load(inst, {"nixl_xfers": 6, "nixl_xfer_s": 0.10, "nixl_bytes": 6e6})
+    assert abs(inst.recent_xfer_ms - 30.0) < 1e-9  # (0.10 - 0.04) / 2 transfers
+    apply_load(inst, {"nixl_xfers": 6, "nixl_xfer_s": 0.10, "nixl_bytes": 6e6})
+    assert abs(inst.recent_xfer_ms - 30.0) < 1e-9  # no new transfers: keep the last mean

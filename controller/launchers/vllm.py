@@ -1,0 +1,108 @@
+"""Real vLLM OpenAI servers as local processes, KV cache over NIXL (NixlConnector).
+
+One server per instance with its own HTTP port and NIXL side-channel port. Prefill instances
+are ``kv_producer``s, decode instances ``kv_consumer``s. On a CPU host (``hardware`` is a
+``cpu-*`` profile) each instance is pinned to the cores it was placed on
+(``VLLM_CPU_OMP_THREADS_BIND``, one core per TP rank) with ``vllm.cpu_kv_cache_gib`` of KV
+cache; when ``hardware.share`` lets instances outnumber cores, the extra instances are pinned
+to cores that already run one -- correct, but every instance on a shared core is slowed. On a
+GPU host the placed GPUs are given through ``CUDA_VISIBLE_DEVICES``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from controller.config import Settings
+from controller.errors import ConfigError
+from controller.launchers.base import Launched, LaunchSpec
+from controller.launchers.process import ProcessLauncher, free_port, spawn
+from controller.models import Role
+
+KV_ROLE = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
+
+
+def kv_transfer_config(role: Role, settings: Settings) -> dict[str, Any]:
+    return {
+        "kv_connector": "NixlConnector",
+        "kv_role": KV_ROLE[role],
+        "kv_buffer_device": "cpu" if settings.hardware.is_cpu else "cuda",
+        "kv_load_failure_policy": settings.vllm.kv_load_failure_policy,
+    }
+
+
+def engine_flags(engine_args: dict[str, Any]) -> list[str]:
+    """``{max_num_seqs: 256, enable_prefix_caching: true}`` -> vLLM command-line flags."""
+    out: list[str] = []
+    for key, value in engine_args.items():
+        flag = f"--{key.replace('_', '-')}"
+        if value is True:
+            out.append(flag)
+        elif value is False or value is None:
+            continue
+        else:
+            out += [flag, value if isinstance(value, str) else json.dumps(value)]
+    return out
+
+
+class VllmLauncher(ProcessLauncher):
+    name = "vllm"
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__()
+        if settings.model.path is None:
+            raise ConfigError("backend vllm needs model.path (a model directory; "
+                              "`pdctl make-model DIR` writes the lab model)")
+        self._s = settings
+
+    def argv(self, spec: LaunchSpec, port: int) -> list[str]:
+        s, v = self._s, self._s.vllm
+        args = [
+            v.python or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(Path(s.model.path or ".").resolve()),
+            "--served-model-name", s.model.public_name,
+            "--host", "127.0.0.1", "--port", str(port),
+            "--tensor-parallel-size", str(spec.tp),
+            "--block-size", str(s.kv_block_size),
+            "--enable-per-request-metrics",
+            "--disable-uvicorn-access-log",
+            "--kv-transfer-config", json.dumps(kv_transfer_config(spec.role, s)),
+        ]
+        if v.max_model_len:
+            args += ["--max-model-len", str(v.max_model_len)]
+        if v.enforce_eager:
+            args.append("--enforce-eager")
+        if not s.hardware.is_cpu:
+            args += ["--gpu-memory-utilization", str(v.gpu_memory_utilization)]
+        pool = getattr(s.pools, spec.role.value)
+        return args + engine_flags(pool.engine_args)
+
+    def env(self, spec: LaunchSpec, side_port: int) -> dict[str, str]:
+        s = self._s
+        env = {
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        devices = [str(a) for a in spec.accelerators]
+        if s.hardware.is_cpu:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(devices)
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(s.vllm.cpu_kv_cache_gib)
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        return {**env, **s.vllm.extra_env}
+
+    async def start(self, spec: LaunchSpec) -> Launched:
+        port, side = free_port(), free_port()
+        proc = spawn(self.argv(spec, port), spec.log_path, self.env(spec, side))
+        self._track(proc)
+        return Launched(url=f"http://127.0.0.1:{port}",
+                        handle={"proc": proc, "log": spec.log_path, "pid": proc.pid,
+                                "side_channel_port": side})
