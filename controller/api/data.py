@@ -21,6 +21,7 @@ from controller.router.proxy import TAIL_BYTES, Ctx, Proxy, last_event, strip_us
 
 router = APIRouter()
 T = TypeVar("T")
+DONE = b"data: [DONE]"
 
 
 def openai_error(exc: Exception, rid: str | None) -> JSONResponse:
@@ -74,6 +75,8 @@ async def _relay(proxy: Proxy, ctx: Ctx, resp: httpx.Response) -> AsyncIterator[
     finally:
         with anyio.CancelScope(shield=True):
             await resp.aclose()
+        if status == "cancelled" and DONE in tail:
+            status = "ok"  # the client had the whole stream and hung up before the engine did
         proxy.finish(ctx, status, last_event(tail), error)
 
 

@@ -141,8 +141,12 @@ class Load:
     long/short prompts, streaming and not. Every non-200, error event or missing [DONE] is a
     failure with its reason."""
 
-    def __init__(self, url: str, workers: int = 6, max_tokens: int = 8) -> None:
+    def __init__(self, url: str, workers: int = 6, max_tokens: int = 8,
+                 model: str = "llama-3-70b", extra: dict[str, Any] | None = None,
+                 timeout_s: float = 60.0, pause_s: float = 0.0) -> None:
         self.url, self.workers, self.max_tokens = url, workers, max_tokens
+        self.model, self.extra = model, extra or {}
+        self.timeout_s, self.pause_s = timeout_s, pause_s
         self.result = LoadResult()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
@@ -160,7 +164,7 @@ class Load:
         return self.result
 
     async def _main(self) -> None:
-        async with httpx.AsyncClient(timeout=60) as client:
+        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
             await asyncio.gather(*(self._worker(client, w) for w in range(self.workers)))
 
     async def _worker(self, client: httpx.AsyncClient, w: int) -> None:
@@ -169,8 +173,8 @@ class Load:
             n += 1
             stream = (n + w) % 2 == 0
             prompt = LONG_PROMPT if (n + w) % 3 else SHORT_PROMPT
-            body = {"model": "llama-3-70b", "prompt": f"{w}-{n} {prompt}",
-                    "max_tokens": self.max_tokens, "stream": stream}
+            body = {"model": self.model, "prompt": f"{w}-{n} {prompt}",
+                    "max_tokens": self.max_tokens, "stream": stream, **self.extra}
             try:
                 reason = await self._one(client, body)
             except httpx.HTTPError as exc:
@@ -179,6 +183,8 @@ class Load:
                 self.result.failures.append(reason)
             else:
                 self.result.ok += 1
+            if self.pause_s:
+                await asyncio.sleep(self.pause_s)
 
     async def _one(self, client: httpx.AsyncClient, body: dict[str, Any]) -> str | None:
         url = f"{self.url}/v1/completions"

@@ -1,0 +1,182 @@
+"""The real lab: vLLM (CPU build) prefill and decode instances started by the controller,
+KV cache over NIXL in host memory, the tiny generated model. Slow: each engine takes 60-100 s
+to start on this machine kind, and the 2 cores are shared by everything."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.harness import ControllerProc, Load, start_controller
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+MODEL = "lab-tiny"
+LONG = "the model layer decode cache token batch " * 40  # ~300 tokens with the lab tokenizer
+SHORT = "hello there"
+NO_EOS = {"ignore_eos": True}  # random weights may emit EOS at any time
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerProc]:
+    if importlib.util.find_spec("vllm") is None:
+        pytest.fail("vLLM is not installed: `make test` installs the lab extra (.[lab])")
+    tmp = tmp_path_factory.mktemp("vllm-lab")
+    model = tmp / "model"
+    out = subprocess.run([sys.executable, "-m", "controller.cli", "make-model", str(model)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    ctl = start_controller(tmp, {
+        "backend": "vllm",
+        "model": {"name": MODEL, "path": str(model)},
+        "hardware": {"accelerator": "cpu-lab", "accelerators_per_node": 2, "nodes": 1,
+                     "kv_link": "host-memory", "share": 2},
+        "pools": {"prefill": {"size": 1, "tp": 1}, "decode": {"size": 1, "tp": 1}},
+        "routing": {"disagg_min_prompt_tokens": 128},
+        "controller": {"start_timeout_s": 900, "health_interval_s": 2.0, "unhealthy_after": 10,
+                       "drain_timeout_s": 300},
+    }, wait_ready=False)
+    try:
+        t0 = time.monotonic()
+        ctl.wait_converged(timeout=900)
+        print(f"\nreal lab 1P+1D ready after {time.monotonic() - t0:.0f} s")
+        yield ctl
+    finally:
+        ctl.stop()
+
+
+@pytest.fixture
+def sdk(lab: ControllerProc) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{lab.url}/v1", api_key="unused", max_retries=0,
+                         timeout=300)
+
+
+def engine_metric(url: str, name: str, label: str = "") -> float:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and label in line)
+
+
+def decode_url(lab: ControllerProc) -> str:
+    [d] = lab.get("/instances?role=decode&state=ready")
+    return str(d["url"])
+
+
+def test_sdk_completions_and_chat_stream_and_not(lab: ControllerProc, sdk: openai.OpenAI
+                                                 ) -> None:
+    for prompt in (LONG, SHORT):
+        out = sdk.completions.create(model=MODEL, prompt=prompt, max_tokens=6,
+                                     extra_body=NO_EOS)
+        assert out.usage is not None and out.usage.completion_tokens == 6
+        chunks = list(sdk.completions.create(model=MODEL, prompt=prompt, max_tokens=6,
+                                             stream=True, extra_body=NO_EOS))
+        assert sum(1 for c in chunks if c.choices and c.choices[0].text) >= 1
+        assert all(c.usage is None for c in chunks)  # the router's usage chunk is stripped
+    chat = sdk.chat.completions.create(model=MODEL, max_tokens=5, extra_body=NO_EOS,
+                                       messages=[{"role": "user", "content": LONG}])
+    assert chat.choices[0].message.content is not None
+    streamed = list(sdk.chat.completions.create(model=MODEL, max_tokens=5, stream=True,
+                                                extra_body=NO_EOS,
+                                                messages=[{"role": "user", "content": SHORT}]))
+    assert streamed
+    records = lab.get("/requests?limit=6")
+    assert {r["path"] for r in records} == {"disaggregated", "colocated"}
+    assert all(r["status"] == "ok" for r in records)
+    for r in records:
+        parts = sum(r[k] for k in ("queue_ms", "prefill_ms", "transfer_ms", "decode_sched_ms",
+                                   "overhead_ms"))
+        assert parts == pytest.approx(r["ttft_ms"], abs=1e-6)
+        assert r["output_tokens"] in (5, 6), r
+        if r["path"] == "disaggregated":
+            assert r["transfer_ms"] > 0 and r["prefill_ms"] > 0 and r["kv_bytes"] > 0
+
+
+def test_disaggregated_output_equals_colocated(lab: ControllerProc, sdk: openai.OpenAI) -> None:
+    def ask() -> list[int]:
+        out = sdk.completions.create(
+            model=MODEL, prompt=LONG, max_tokens=16, temperature=0,
+            extra_body={**NO_EOS, "return_token_ids": True, "skip_special_tokens": False})
+        return list(out.choices[0].model_dump()["token_ids"])
+
+    disagg = ask()
+    lab.api("PATCH", "/routing", {"disagg_min_prompt_tokens": 100_000}).raise_for_status()
+    try:
+        coloc = ask()
+    finally:
+        lab.api("PATCH", "/routing", {"disagg_min_prompt_tokens": 128}).raise_for_status()
+    assert [r["path"] for r in lab.get("/requests?limit=2")] == ["colocated", "disaggregated"]
+    assert disagg == coloc and len(disagg) > 0
+
+
+def test_kv_transfer_counters_grow_only_for_disaggregated(lab: ControllerProc,
+                                                          sdk: openai.OpenAI) -> None:
+    d = decode_url(lab)
+    ext = 'vllm:prompt_tokens_by_source_total{'
+    src = 'source="external_kv_transfer"'
+
+    def counters() -> tuple[float, float]:
+        ctl = httpx.get(f"{lab.url}/metrics", timeout=30).text
+        kv = sum(float(line.rsplit(" ", 1)[1]) for line in ctl.splitlines()
+                 if line.startswith("pdctl_kv_transfer_bytes_total"))
+        return engine_metric(d, ext, src), kv
+
+    before = counters()
+    sdk.completions.create(model=MODEL, prompt=SHORT, max_tokens=3, extra_body=NO_EOS)
+    assert counters() == before
+    sdk.completions.create(model=MODEL, prompt=LONG, max_tokens=3, extra_body=NO_EOS)
+    after = counters()
+    assert after[0] > before[0] and after[1] > before[1]
+    assert engine_metric(d, "vllm:nixl_xfer_time_seconds_count") > 0
+    nixl = lab.get("/stats")["pools"]["decode"]["nixl"]
+    assert nixl["bytes"] > 0 and nixl["gbps"] > 0
+
+
+def wait_converged_under(lab: ControllerProc, load: Load, timeout: float) -> None:
+    lab.wait(lab.converged, timeout, "pools to converge")
+    assert load.result.failures == [], load.result.failures[:3]
+
+
+def test_scale_decode_1_2_1_under_light_load(lab: ControllerProc) -> None:
+    with Load(lab.url, workers=2, max_tokens=4, model=MODEL, extra=NO_EOS, timeout_s=300,
+              pause_s=0.5) as load:
+        lab.api("PATCH", "/pools/decode", {"size": 2}).raise_for_status()
+        wait_converged_under(lab, load, 900)
+        assert len(lab.get("/instances?role=decode&state=ready")) == 2
+        lab.api("PATCH", "/pools/decode", {"size": 1}).raise_for_status()
+        wait_converged_under(lab, load, 600)
+        res = load.stop()
+    assert res.failures == [] and res.ok >= 4, (res.ok, res.failures[:3])
+    assert len(lab.get("/instances?role=decode&state=ready")) == 1
+
+
+def test_killed_prefill_engine_is_restarted_with_no_failed_requests(lab: ControllerProc
+                                                                   ) -> None:
+    [victim] = lab.get("/instances?role=prefill&state=ready")
+    with Load(lab.url, workers=2, max_tokens=4, model=MODEL, extra=NO_EOS, timeout_s=300,
+              pause_s=0.5) as load:
+        time.sleep(3)
+        os.killpg(int(victim["pid"]), signal.SIGKILL)  # the whole engine process tree
+        lab.wait(lambda: any(i["id"] != victim["id"]
+                             for i in lab.get("/instances?role=prefill&state=ready")),
+                 900, "the restarted prefill instance")
+        time.sleep(5)
+        res = load.stop()
+    assert res.failures == [] and res.ok >= 2, (res.ok, res.failures[:3])
+    assert lab.get(f"/instances/{victim['id']}")["state"] == "failed"
+    kinds = [e["kind"] for e in lab.get("/events?limit=100")]
+    assert "instance.failed" in kinds
+
+
+def test_instance_log_is_reachable(lab: ControllerProc) -> None:
+    [d] = lab.get("/instances?role=decode&state=ready")
+    log = lab.get(f"/instances/{d['id']}/log?lines=200")["log"]
+    assert "NixlConnector" in log or "nixl" in log.lower()
