@@ -17,9 +17,11 @@ from controller.api import create_app
 from controller.api.state import AppState
 from controller.config import Settings, deep_merge, load_settings
 from controller.errors import ConfigError, InvalidChange
+from controller.launchers.process import spawn, stop_group
 from controller.make_model import is_model_dir, make_model
 from controller.models import InstanceState, Role
 from controller.signals import clean_stop_signals
+from dashboard import launch as console
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 
@@ -57,8 +59,9 @@ def add_lab_parser(sub: SubParsers) -> None:
                         "(default ./lab-model)")
     p.add_argument("--time-scale", type=float,
                    help="sim only: wall seconds per modelled second (default 1.0)")
-    p.add_argument("--no-dashboard", action="store_true",
-                   help="do not start the console (the console arrives with issue 4)")
+    p.add_argument("--no-dashboard", action="store_true", help="do not start the console")
+    p.add_argument("--dashboard-port", type=int, default=console.DEFAULT_PORT,
+                   help=f"console port (default {console.DEFAULT_PORT})")
     p.set_defaults(run=run_lab)
 
 
@@ -142,6 +145,8 @@ def cpu_lab_defaults(model_dir: Path) -> dict[str, Any]:
                      "nodes": 1, "kv_link": "host-memory", "share": 2},
         "pools": {"prefill": {"size": 1, "tp": 1}, "decode": {"size": 1, "tp": 1}},
         "routing": {"disagg_min_prompt_tokens": 128},
+        # Eager mode: no torch.compile at start, which on 2 busy cores can take many minutes.
+        "vllm": {"enforce_eager": True},
         "controller": {"start_timeout_s": 600.0, "health_interval_s": 5.0,
                        "unhealthy_after": 6},
     }
@@ -184,9 +189,15 @@ def _apply_lab_sizes(st: AppState, args: argparse.Namespace) -> None:
             st.cluster.set_pool(role, size, None, "pdctl lab")
 
 
-def _banner(st: AppState) -> str:
+def controller_url(st: AppState) -> str:
     cs = st.settings.controller
-    base = f"http://{cs.host}:{cs.port}"
+    host = "127.0.0.1" if cs.host in ("0.0.0.0", "::") else cs.host
+    return f"http://{host}:{cs.port}"
+
+
+def _banner(st: AppState, console_url: str | None) -> str:
+    cs = st.settings.controller
+    base = controller_url(st)
     t = st.cluster.targets
     return "\n".join([
         "",
@@ -198,7 +209,7 @@ def _banner(st: AppState) -> str:
         f"  control API  {base}/api/v1   docs {base}/docs",
         f"  metrics      {base}/metrics",
         f"  API token    {(cs.state_dir / 'token').resolve()}",
-        "  console      not started (arrives with issue 4)",
+        f"  console      {console_url or 'not started (--no-dashboard)'}",
         "  stop         Ctrl-C",
         "",
     ])
@@ -209,8 +220,19 @@ async def _lab_session(st: AppState, args: argparse.Namespace) -> None:
         _apply_lab_sizes(st, args)
     except InvalidChange as exc:
         print(f"pdctl lab: --prefill/--decode refused: {exc}", file=sys.stderr)
-    print(_banner(st), flush=True)
-    await report_progress(st)
+    proc = None
+    console_url = None
+    if not args.no_dashboard:
+        url, state_dir = controller_url(st), st.settings.controller.state_dir
+        proc = spawn(console.streamlit_argv(url, state_dir, args.dashboard_port),
+                     state_dir / "logs" / "console.log", console.console_env(url, state_dir))
+        console_url = f"http://127.0.0.1:{args.dashboard_port}"
+    print(_banner(st, console_url), flush=True)
+    try:
+        await report_progress(st)
+    finally:
+        if proc is not None:
+            await stop_group(proc, 5.0)
 
 
 def progress_line(st: AppState) -> str | None:

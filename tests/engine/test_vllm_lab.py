@@ -42,6 +42,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerProc]:
                      "kv_link": "host-memory", "share": 2},
         "pools": {"prefill": {"size": 1, "tp": 1}, "decode": {"size": 1, "tp": 1}},
         "routing": {"disagg_min_prompt_tokens": 128},
+        "vllm": {"enforce_eager": True},
         "controller": {"start_timeout_s": 900, "health_interval_s": 2.0, "unhealthy_after": 10,
                        "drain_timeout_s": 300},
     }, wait_ready=False)

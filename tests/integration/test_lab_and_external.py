@@ -41,19 +41,30 @@ class Output:
 
 
 def test_lab_sim_starts_prints_and_stops_everything(tmp_path: Path) -> None:
-    port = free_port()
+    port, console_port = free_port(), free_port()
     state = tmp_path / "state"
     proc = subprocess.Popen(
         [sys.executable, "-m", "controller.cli", "lab", "--backend", "sim", "--prefill", "2",
          "--decode", "3", "--port", str(port), "--state-dir", str(state), "--time-scale",
-         "0.2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+         "0.2", "--dashboard-port", str(console_port)], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     output = Output(proc)
     try:
         out = output.wait_for("pools ready", 60)
         assert f"http://127.0.0.1:{port}/v1" in out and f"http://127.0.0.1:{port}/api/v1" in out
         assert str((state / "token").resolve()) in out
         assert "prefill 2 x TP4, decode 3 x TP2" in out
+        console = f"http://127.0.0.1:{console_port}"
+        assert console in out
+        deadline = time.monotonic() + 60
+        while True:  # the console answers once Streamlit is up
+            try:
+                if httpx.get(f"{console}/_stcore/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "console did not come up"
+            time.sleep(0.5)
         token = (state / "token").read_text().strip()
         assert oct((state / "token").stat().st_mode & 0o777) == "0o600"
         cluster = httpx.get(f"http://127.0.0.1:{port}/api/v1/cluster",
@@ -65,7 +76,7 @@ def test_lab_sim_starts_prints_and_stops_everything(tmp_path: Path) -> None:
         assert r.status_code == 200
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
-        for url in urls:
+        for url in [*urls, console]:
             with pytest.raises(httpx.ConnectError):
                 httpx.get(f"{url}/health", timeout=2)
     finally:

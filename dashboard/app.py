@@ -1,0 +1,49 @@
+"""The operator console: ``streamlit run dashboard/app.py -- --controller URL --state-dir DIR``
+(``pdctl dashboard`` does this). Navigation over the pages, the sidebar, and the connection
+banner that keeps the pages quiet while the controller is unreachable or refuses the token.
+
+The page scripts live in ``views/``, not ``pages/``: Streamlit treats a ``pages/`` folder next
+to the main script as a v1 multipage app until ``st.navigation`` has run once, so a deep link
+(``/controls``) opened first after start would run the page without this script."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import streamlit as st
+
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:  # run by path: make ``dashboard`` importable as a package
+    sys.path.insert(0, str(HERE.parent))
+
+from dashboard import ui  # noqa: E402
+
+PAGES = [
+    st.Page(HERE / "views" / "overview.py", title="Overview", icon=":material/speed:",
+            url_path="overview", default=True),
+    st.Page(HERE / "views" / "transfer.py", title="Transfer", icon=":material/swap_horiz:",
+            url_path="transfer"),
+    st.Page(HERE / "views" / "pools.py", title="Pools", icon=":material/dns:", url_path="pools"),
+    st.Page(HERE / "views" / "controls.py", title="Controls", icon=":material/tune:",
+            url_path="controls"),
+    st.Page(HERE / "views" / "advisor.py", title="Advisor", icon=":material/lightbulb:",
+            url_path="advisor"),
+    st.Page(HERE / "views" / "events.py", title="Events", icon=":material/history:",
+            url_path="events"),
+]
+
+st.set_page_config(page_title="pdctl console", page_icon=":material/speed:", layout="wide")
+page = st.navigation(PAGES)
+ui.sidebar()
+
+
+@st.fragment(run_every=ui.run_every())
+def connection() -> None:
+    ui.connection_banner()
+
+
+connection()
+if st.session_state.get(ui.DOWN_KEY):
+    st.stop()
+page.run()

@@ -1,0 +1,174 @@
+"""Chart builders: each takes DataFrames shaped by ``dashboard.frames`` and returns an Altair
+chart. Pure: no Streamlit, no I/O."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from dashboard.frames import PART_LABELS, PATHS
+
+PART_ORDER = list(PART_LABELS.values())
+PART_COLORS = ["#9e9e9e", "#4c78a8", "#e45756", "#54a24b", "#d4b9da"]
+PATH_COLORS = ["#4c78a8", "#72b7b2", "#e45756"]
+PART_SCALE = alt.Scale(domain=PART_ORDER, range=PART_COLORS)
+PATH_SCALE = alt.Scale(domain=list(PATHS), range=PATH_COLORS)
+TIME = alt.X("time:T", title=None, axis=alt.Axis(format="%H:%M:%S"))
+HEIGHT = 240
+
+
+def _part_color() -> alt.Color:
+    return alt.Color("part:N", scale=PART_SCALE, sort=PART_ORDER, title="TTFT part",
+                     legend=alt.Legend(orient="bottom"))
+
+
+def _part_order() -> alt.Order:
+    # Stack in the order of the request's life: queue at the bottom.
+    return alt.Order("part_rank:Q", sort="ascending")
+
+
+def _ranked(long: pd.DataFrame) -> pd.DataFrame:
+    return long.assign(part_rank=long["part"].map({p: i for i, p in enumerate(PART_ORDER)}))
+
+
+def ttft_recent(parts: pd.DataFrame) -> alt.Chart:
+    """Stacked TTFT parts of each recent request, oldest left."""
+    return alt.Chart(_ranked(parts), height=HEIGHT).mark_bar().encode(
+        x=alt.X("seq:O", title="recent requests (oldest left)",
+                axis=alt.Axis(labels=False, ticks=False)),
+        y=alt.Y("sum(ms):Q", title="TTFT (ms)", stack="zero"),
+        color=_part_color(), order=_part_order(),
+        tooltip=["id:N", "path:N", "prompt_tokens:Q", "part:N",
+                 alt.Tooltip("ms:Q", format=".2f"), alt.Tooltip("ttft_ms:Q", format=".2f")],
+    )
+
+
+def ttft_parts_over_time(parts: pd.DataFrame) -> alt.Chart:
+    """Mean TTFT parts per time bucket, stacked (means add up to the mean TTFT)."""
+    return alt.Chart(_ranked(parts), height=HEIGHT).mark_area().encode(
+        x=TIME, y=alt.Y("ms:Q", title="mean TTFT (ms)", stack="zero"),
+        color=_part_color(), order=_part_order(),
+        tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"), "part:N",
+                 alt.Tooltip("ms:Q", format=".2f")],
+    )
+
+
+def ttft_percentiles(pct: pd.DataFrame) -> alt.Chart:
+    return alt.Chart(pct, height=HEIGHT).mark_line(point=False).encode(
+        x=TIME, y=alt.Y("ms:Q", title="TTFT (ms)"),
+        color=alt.Color("percentile:N", sort=["p50", "p90", "p99"],
+                        scale=alt.Scale(range=["#4c78a8", "#f58518", "#e45756"]),
+                        legend=alt.Legend(orient="bottom")),
+        tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"), "percentile:N",
+                 alt.Tooltip("ms:Q", format=".2f")],
+    )
+
+
+def request_rate(rate: pd.DataFrame) -> alt.Chart:
+    """Requests per second by path, stacked."""
+    return alt.Chart(rate, height=HEIGHT).mark_area().encode(
+        x=TIME, y=alt.Y("per_s:Q", title="requests / s", stack="zero"),
+        color=alt.Color("path:N", scale=PATH_SCALE, legend=alt.Legend(orient="bottom")),
+        tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"), "path:N",
+                 alt.Tooltip("per_s:Q", format=".2f")],
+    )
+
+
+def path_share(share: pd.DataFrame) -> alt.Chart:
+    """Disaggregated vs colocated (and failed) requests in the window."""
+    total = max(1, int(share["requests"].sum()))
+    data = share.assign(share=share["requests"] / total)
+    return alt.Chart(data, height=HEIGHT).mark_arc(innerRadius=55).encode(
+        theta=alt.Theta("requests:Q", stack=True),
+        color=alt.Color("path:N", scale=PATH_SCALE, legend=alt.Legend(orient="bottom")),
+        tooltip=["path:N", "requests:Q", alt.Tooltip("share:Q", format=".1%")],
+    )
+
+
+def kv_throughput(ts: pd.DataFrame) -> alt.Chart:
+    """KV bytes moved per second of wall time, in GB/s."""
+    return alt.Chart(ts, height=HEIGHT).mark_area(opacity=0.7, color="#e45756").encode(
+        x=TIME, y=alt.Y("kv_gb_per_s:Q", title="KV moved (GB/s)"),
+        tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"),
+                 alt.Tooltip("kv_gb_per_s:Q", format=".3f", title="GB/s"),
+                 alt.Tooltip("kv_bytes:Q", format=".3s", title="bytes")],
+    )
+
+
+def achieved_bandwidth(ts: pd.DataFrame, ceiling_gbps: float, link: str) -> alt.LayerChart:
+    """Bandwidth achieved while transferring (bytes / transfer time) against the link's
+    ceiling."""
+    busy = ts[ts["transfer_gbps"] > 0]
+    line = alt.Chart(busy).mark_line(point=True, color="#4c78a8").encode(
+        x=TIME, y=alt.Y("transfer_gbps:Q", title="achieved GB/s",
+                        scale=alt.Scale(domainMin=0)),
+        tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"),
+                 alt.Tooltip("transfer_gbps:Q", format=".2f", title="GB/s")],
+    )
+    ceiling = pd.DataFrame({"gbps": [ceiling_gbps], "label": [f"{link} ceiling"]})
+    rule = alt.Chart(ceiling).mark_rule(color="#e45756", strokeDash=[6, 4]).encode(
+        y="gbps:Q", tooltip=["label:N", alt.Tooltip("gbps:Q", format=".1f")])
+    text = alt.Chart(ceiling).mark_text(align="left", dx=4, dy=-6, color="#e45756").encode(
+        y="gbps:Q", text="label:N")
+    return alt.LayerChart(layer=[line, rule, text], height=HEIGHT)
+
+
+def kv_bytes_vs_prompt(requests: pd.DataFrame, expected: pd.DataFrame) -> alt.LayerChart:
+    """KV bytes of each disaggregated request against its prompt length, with the model's
+    bytes-per-token line."""
+    disagg = requests[(requests["path"] == "disaggregated") & (requests["kv_bytes"] > 0)]
+    disagg = disagg.assign(kv_mb=disagg["kv_bytes"] / 1e6)
+    points = alt.Chart(disagg).mark_circle(size=40, opacity=0.6).encode(
+        x=alt.X("prompt_tokens:Q", title="prompt tokens"),
+        y=alt.Y("kv_mb:Q", title="KV bytes (MB)"),
+        color=alt.Color("transfer_ms:Q", title="transfer ms",
+                        scale=alt.Scale(scheme="orangered")),
+        tooltip=["id:N", "prompt_tokens:Q", alt.Tooltip("kv_mb:Q", format=".1f"),
+                 alt.Tooltip("transfer_ms:Q", format=".2f")],
+    )
+    line = alt.Chart(expected).mark_line(color="#888", strokeDash=[4, 4]).encode(
+        x="prompt_tokens:Q", y="kv_mb:Q")
+    return alt.LayerChart(layer=[line, points], height=HEIGHT)
+
+
+GRID_METRICS = {
+    "kv_cache_usage": ("KV cache usage", alt.Scale(domain=[0, 1], scheme="blues")),
+    "running": ("running requests", alt.Scale(scheme="greens", domainMin=0)),
+    "waiting": ("waiting requests", alt.Scale(scheme="oranges", domainMin=0)),
+}
+STATE_SCALE = alt.Scale(domain=["ready", "starting", "draining", "failed", "stopped"],
+                        range=["#54a24b", "#eeca3b", "#f58518", "#e45756", "#bab0ac"])
+
+
+def instance_grid(instances: pd.DataFrame, metric: str = "kv_cache_usage") -> alt.FacetChart:
+    """One cell per instance, a block per role: readable at a glance for hundreds."""
+    if metric == "state":
+        color = alt.Color("state:N", scale=STATE_SCALE, legend=alt.Legend(orient="bottom"))
+    else:
+        title, scale = GRID_METRICS[metric]
+        color = alt.Color(f"{metric}:Q", title=title, scale=scale,
+                          legend=alt.Legend(orient="bottom"))
+    base = alt.Chart(instances).mark_rect(stroke="white", strokeWidth=1.5).encode(
+        x=alt.X("col:O", axis=None), y=alt.Y("row:O", axis=None), color=color,
+        tooltip=["id:N", "role:N", "state:N", "tp:Q", "running:Q", "waiting:Q", "inflight:Q",
+                 alt.Tooltip("kv_cache_usage:Q", format=".1%")],
+    ).properties(width=alt.Step(26), height=alt.Step(26))
+    return base.facet(row=alt.Row("role:N", sort=["prefill", "decode"], title=None,
+                                  header=alt.Header(labelFontSize=13, labelAngle=0,
+                                                    labelAlign="left")))
+
+
+def transfer_by_link(sweep: pd.DataFrame, link: str, prompt_tokens: int) -> alt.LayerChart:
+    """Transfer time by prompt length for every link (log scales), the chosen one bold."""
+    data = sweep.assign(chosen=sweep["link"] == link)
+    lines = alt.Chart(data).mark_line(point=True).encode(
+        x=alt.X("prompt_tokens:Q", title="prompt tokens", scale=alt.Scale(type="log")),
+        y=alt.Y("transfer_ms:Q", title="transfer time (ms)", scale=alt.Scale(type="log")),
+        color=alt.Color("link:N", legend=alt.Legend(orient="right")),
+        strokeWidth=alt.condition("datum.chosen", alt.value(3.5), alt.value(1.2)),
+        tooltip=["link:N", "prompt_tokens:Q", alt.Tooltip("kv_gb:Q", format=".3f"),
+                 alt.Tooltip("transfer_ms:Q", format=".2f")],
+    )
+    marker = alt.Chart(pd.DataFrame({"prompt_tokens": [max(1, prompt_tokens)]})).mark_rule(
+        color="#888", strokeDash=[4, 4]).encode(x="prompt_tokens:Q")
+    return alt.LayerChart(layer=[lines, marker], height=HEIGHT + 60)

@@ -1,0 +1,77 @@
+"""Where the console finds its controller: URL, state directory, API token, refresh interval.
+
+Read from the script's own arguments (``streamlit run app.py -- --controller URL --state-dir
+DIR``) first, then the environment (``PDCTL_URL``, ``PDCTL_STATE_DIR``, ``PDCTL_TOKEN``,
+``PDCTL_CONSOLE_REFRESH_S``), then the defaults. No Streamlit import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+DEFAULT_STATE_DIR = Path(".pdctl")
+DEFAULT_REFRESH_S = 2.0
+RECENT_LIMIT = 200  # requests in the Overview's recent-requests chart
+
+
+def step_for(window_s: float) -> float:
+    """The timeseries bucket for a window: about 60 buckets, never below 1 s."""
+    return max(1.0, window_s / 60.0)
+
+
+@dataclass(frozen=True)
+class ConsoleConfig:
+    controller_url: str = DEFAULT_URL
+    state_dir: Path = DEFAULT_STATE_DIR
+    env_token: str | None = None
+    refresh_s: float = DEFAULT_REFRESH_S
+
+    @property
+    def token_path(self) -> Path:
+        return self.state_dir / "token"
+
+    def token(self) -> tuple[str | None, str]:
+        """The API token and where it came from (``PDCTL_TOKEN`` wins over the file).
+
+        Read on every call: the controller may create the file after the console starts.
+        """
+        if self.env_token:
+            return self.env_token, "the PDCTL_TOKEN environment variable"
+        try:
+            return self.token_path.read_text().strip() or None, str(self.token_path)
+        except OSError:
+            return None, str(self.token_path)
+
+
+def _script_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--controller")
+    p.add_argument("--state-dir", type=Path)
+    args, _ = p.parse_known_args(list(argv))
+    return args
+
+
+def _refresh(value: str | None) -> float:
+    try:
+        return max(0.5, float(value)) if value else DEFAULT_REFRESH_S
+    except ValueError:
+        return DEFAULT_REFRESH_S
+
+
+def load_config(argv: Sequence[str], env: Mapping[str, str]) -> ConsoleConfig:
+    args = _script_args(argv)
+    url = args.controller or env.get("PDCTL_URL") or DEFAULT_URL
+    state_dir = args.state_dir or Path(env.get("PDCTL_STATE_DIR") or DEFAULT_STATE_DIR)
+    return ConsoleConfig(controller_url=url.rstrip("/"), state_dir=state_dir,
+                         env_token=env.get("PDCTL_TOKEN") or None,
+                         refresh_s=_refresh(env.get("PDCTL_CONSOLE_REFRESH_S")))
+
+
+def current_config() -> ConsoleConfig:
+    return load_config(sys.argv[1:], os.environ)

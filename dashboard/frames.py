@@ -1,0 +1,170 @@
+"""Controller JSON -> pandas DataFrames, shaped for the chart builders. Pure functions."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+import pandas as pd
+
+Json = dict[str, Any]
+
+PARTS = ("queue", "prefill", "transfer", "decode_sched", "overhead")
+PART_LABELS = {"queue": "queue", "prefill": "prefill", "transfer": "KV transfer",
+               "decode_sched": "decode scheduling", "overhead": "overhead"}
+PERCENTILES = ("p50", "p90", "p99")
+PATHS = ("disaggregated", "colocated", "errors")
+
+
+_LOCAL = datetime.now().astimezone().tzinfo
+
+
+def _when(seconds: Any) -> pd.Series:
+    return pd.to_datetime(pd.Series(seconds, dtype="float64"), unit="s", utc=True)
+
+
+def requests_frame(records: list[Json]) -> pd.DataFrame:
+    """Recent requests (the API sends newest first), oldest first, with ``seq`` 1..n."""
+    cols = ["id", "started_at", "path", "status", "prompt_tokens", "output_tokens",
+            "kv_bytes", "ttft_ms", *(f"{p}_ms" for p in PARTS)]
+    df = pd.DataFrame(list(reversed(records)), columns=cols)
+    df["started"] = _when(df["started_at"].to_numpy())
+    df["seq"] = range(1, len(df) + 1)
+    ttft = df["ttft_ms"].astype("float64")
+    df["transfer_share"] = (df["transfer_ms"].astype("float64") / ttft.where(ttft > 0)).fillna(0.0)
+    return df
+
+
+def parts_long(requests: pd.DataFrame) -> pd.DataFrame:
+    """One row per (request, TTFT part) for a stacked bar per request."""
+    ok = requests[requests["status"] == "ok"]
+    long = ok.melt(id_vars=["seq", "id", "path", "prompt_tokens", "ttft_ms", "started"],
+                   value_vars=[f"{p}_ms" for p in PARTS], var_name="part", value_name="ms")
+    long["part"] = long["part"].str.removesuffix("_ms").map(PART_LABELS)
+    return long.reset_index(drop=True)
+
+
+def timeseries_frame(ts: Json) -> pd.DataFrame:
+    """One row per bucket: time, rates by path, TTFT percentiles, mean parts, KV bandwidth."""
+    step = float(ts.get("step_s") or 1.0)
+    rows = []
+    for b in ts.get("buckets", []):
+        row = {"t": b["t"], "requests": b["requests"], "rate": b["rate"],
+               "disaggregated": b["disaggregated"] / step, "colocated": b["colocated"] / step,
+               "errors": b["errors"] / step, "kv_bytes": b["kv_bytes"],
+               "kv_gb_per_s": b["kv_bytes_per_s"] / 1e9, "transfer_gbps": b["transfer_gbps"]}
+        row.update({f"ttft_{k}": b["ttft_ms"][k] for k in (*PERCENTILES, "mean")})
+        row.update({p: b["parts_mean_ms"][p] for p in PARTS})
+        rows.append(row)
+    cols = ["t", "requests", "rate", *PATHS, "kv_bytes", "kv_gb_per_s", "transfer_gbps",
+            *(f"ttft_{k}" for k in (*PERCENTILES, "mean")), *PARTS]
+    df = pd.DataFrame(rows, columns=cols)
+    df["time"] = _when(df["t"].to_numpy())
+    return df
+
+
+def ts_parts_long(ts: pd.DataFrame) -> pd.DataFrame:
+    """Mean TTFT parts per bucket (stackable: the means add up to the mean TTFT)."""
+    busy = ts[ts["requests"] > 0]
+    long = busy.melt(id_vars=["time"], value_vars=list(PARTS), var_name="part", value_name="ms")
+    long["part"] = long["part"].map(PART_LABELS)
+    return long.reset_index(drop=True)
+
+
+def ts_percentiles_long(ts: pd.DataFrame) -> pd.DataFrame:
+    busy = ts[ts["requests"] > 0]
+    long = busy.melt(id_vars=["time"], value_vars=[f"ttft_{p}" for p in PERCENTILES],
+                     var_name="percentile", value_name="ms")
+    long["percentile"] = long["percentile"].str.removeprefix("ttft_")
+    return long.reset_index(drop=True)
+
+
+def ts_rate_long(ts: pd.DataFrame) -> pd.DataFrame:
+    long = ts.melt(id_vars=["time"], value_vars=list(PATHS), var_name="path",
+                   value_name="per_s")
+    return long.reset_index(drop=True)
+
+
+def path_share(stats: Json) -> pd.DataFrame:
+    """Requests in the window by path (ok requests) and errors."""
+    n = int(stats.get("requests", 0))
+    ok = int(stats.get("by_status", {}).get("ok", 0))
+    disagg = round(ok * float(stats.get("disaggregated_share", 0.0)))
+    return pd.DataFrame({"path": list(PATHS), "requests": [disagg, ok - disagg, n - ok]})
+
+
+def components_table(stats: Json) -> pd.DataFrame:
+    """Percentiles of TTFT and of each part over the window (ms)."""
+    rows = [{"part": "TTFT", **stats["ttft_ms"]}]
+    rows += [{"part": PART_LABELS[p], **stats["components_ms"][p]} for p in PARTS]
+    return pd.DataFrame(rows, columns=["part", "p50", "p90", "p99", "mean", "max"])
+
+
+def _natural(instance_id: str) -> tuple[str, int]:
+    m = re.match(r"(.*?)(\d+)$", instance_id)
+    return (m.group(1), int(m.group(2))) if m else (instance_id, 0)
+
+
+GRID_COLUMNS = 20
+
+
+def instances_frame(instances: Iterable[Json]) -> pd.DataFrame:
+    """Every instance with role, state, TP and load, sorted by role then id; ``col``/``row``
+    place it on a grid of ``GRID_COLUMNS`` cells per row within its role."""
+    rows = [{"id": i["id"], "role": i["role"], "state": i["state"], "tp": i["tp"],
+             "running": float(i["load"]["running"]), "waiting": float(i["load"]["waiting"]),
+             "inflight": int(i["load"]["inflight"]),
+             "kv_cache_usage": float(i["load"]["kv_cache_usage"]), "url": i["url"],
+             "last_error": i.get("last_error") or ""} for i in instances]
+    cols = ["id", "role", "state", "tp", "running", "waiting", "inflight", "kv_cache_usage",
+            "url", "last_error"]
+    df = pd.DataFrame(rows, columns=cols)
+    if df.empty:
+        return df.assign(col=pd.Series(dtype="int64"), row=pd.Series(dtype="int64"))
+    df = df.sort_values(["role", "id"], key=lambda s: s.map(_natural) if s.name == "id" else s,
+                        ascending=[False, True]).reset_index(drop=True)
+    pos = df.groupby("role", sort=False).cumcount()
+    return df.assign(col=pos % GRID_COLUMNS, row=pos // GRID_COLUMNS)
+
+
+def pool_summary(cluster: Json) -> pd.DataFrame:
+    """Per pool: desired and actual sizes, and utilization of its ready instances (the same
+    figures as ``/api/v1/stats`` ``pools``, computed from the instance list already fetched)."""
+    rows = []
+    for role in ("prefill", "decode"):
+        pool = cluster["pools"][role]
+        ready = [i for i in cluster["instances"] if i["role"] == role and i["state"] == "ready"]
+        n = len(ready)
+        load = [i["load"] for i in ready]
+        rows.append({
+            "role": role, "desired_size": pool["desired"]["size"], "tp": pool["desired"]["tp"],
+            "ready": pool["actual"]["ready"], "starting": pool["actual"]["starting"],
+            "draining": pool["actual"]["draining"],
+            "ready_at_desired_tp": pool["actual"]["ready_at_desired_tp"],
+            "converged": bool(pool["converged"]),
+            "running": sum(float(x["running"]) for x in load),
+            "waiting": sum(float(x["waiting"]) for x in load),
+            "busy_share": sum(1 for x in load if x["inflight"] or x["running"]) / n if n else 0.0,
+            "kv_cache_usage_mean": sum(float(x["kv_cache_usage"]) for x in load) / n if n else 0.0,
+        })
+    return pd.DataFrame(rows)
+
+
+def _compact(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def events_frame(events: list[Json]) -> pd.DataFrame:
+    cols = ["id", "ts", "actor", "kind", "target", "before", "after", "detail"]
+    df = pd.DataFrame(events, columns=cols)
+    # Local wall-clock time for the table (charts keep UTC and let the browser localise).
+    df["when"] = _when(df["ts"].to_numpy()).dt.tz_convert(_LOCAL).dt.tz_localize(None)
+    for c in ("before", "after", "detail"):
+        df[c] = df[c].map(_compact)
+    return df[["when", "actor", "kind", "target", "before", "after", "detail", "id"]]

@@ -1,0 +1,197 @@
+"""Streamlit glue shared by the pages: the client, cached reads, sidebar settings and how
+errors are explained. Pages import this; plain logic lives in frames/charts/changes/whatif."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import streamlit as st
+
+from dashboard.client import ApiError, ControllerClient, Json
+from dashboard.config import RECENT_LIMIT, ConsoleConfig, current_config, step_for
+
+# Tests put a fake client / config here (``AppTest.session_state``) instead of a real one.
+CLIENT_KEY = "pdctl_client"
+CONFIG_KEY = "pdctl_config"
+DOWN_KEY = "pdctl_down"
+WINDOWS = {"1 min": 60.0, "5 min": 300.0, "15 min": 900.0, "1 h": 3600.0}
+CACHE_TTL_S = 0.8  # shorter than the refresh interval: dedups within a refresh, never stale
+
+
+def config() -> ConsoleConfig:
+    cfg = st.session_state.get(CONFIG_KEY)
+    return cfg if isinstance(cfg, ConsoleConfig) else current_config()
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _client_for(url: str, token: str | None) -> ControllerClient:
+    return ControllerClient(url, token)
+
+
+def client() -> ControllerClient:
+    injected = st.session_state.get(CLIENT_KEY)
+    if isinstance(injected, ControllerClient):
+        return injected
+    cfg = config()
+    token, _ = cfg.token()
+    return _client_for(cfg.controller_url, token)
+
+
+# ---- cached reads: keyed by the client's cache_key, shared by every card and session -----
+
+@st.cache_data(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
+def _cluster(key: str, _c: ControllerClient) -> Json:
+    return _c.cluster()
+
+
+@st.cache_data(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
+def _stats(key: str, window_s: float, _c: ControllerClient) -> Json:
+    return _c.stats(window_s)
+
+
+@st.cache_data(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
+def _timeseries(key: str, window_s: float, step_s: float, _c: ControllerClient) -> Json:
+    return _c.timeseries(window_s, step_s)
+
+
+@st.cache_data(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
+def _requests(key: str, limit: int, _c: ControllerClient) -> list[Json]:
+    return _c.requests(limit)
+
+
+@st.cache_data(ttl=5.0, max_entries=16, show_spinner=False)
+def _advisor(key: str, _c: ControllerClient) -> Json:
+    return _c.advisor()
+
+
+@st.cache_data(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
+def _events(key: str, limit: int, kind: str | None, _c: ControllerClient) -> list[Json]:
+    return _c.events(limit, kind)
+
+
+def cluster() -> Json:
+    c = client()
+    return _cluster(c.cache_key, c)
+
+
+def stats(window_s: float) -> Json:
+    c = client()
+    return _stats(c.cache_key, window_s, c)
+
+
+def timeseries(window_s: float) -> Json:
+    c = client()
+    return _timeseries(c.cache_key, window_s, step_for(window_s), c)
+
+
+def recent_requests(limit: int = RECENT_LIMIT) -> list[Json]:
+    c = client()
+    return _requests(c.cache_key, limit, c)
+
+
+def advisor() -> Json:
+    c = client()
+    return _advisor(c.cache_key, c)
+
+
+def events(limit: int, kind: str | None) -> list[Json]:
+    c = client()
+    return _events(c.cache_key, limit, kind, c)
+
+
+def forget_reads() -> None:
+    """After a change: the next read must show it."""
+    for fn in (_cluster, _stats, _timeseries, _requests, _advisor, _events):
+        fn.clear()
+
+
+# ---- sidebar settings ----------------------------------------------------------------------
+
+def window_s() -> float:
+    return WINDOWS.get(st.session_state.get("pdctl_window", "5 min"), 300.0)
+
+
+def run_every() -> float | None:
+    """The live cards' refresh interval, or None when the operator paused live refresh."""
+    return config().refresh_s if st.session_state.get("pdctl_live", True) else None
+
+
+def sidebar() -> None:
+    cfg = config()
+    with st.sidebar:
+        st.selectbox("Window", list(WINDOWS), index=1, key="pdctl_window",
+                     help="time window of the statistics and charts")
+        st.toggle("Live", value=True, key="pdctl_live",
+                  help=f"refresh the live cards every {cfg.refresh_s:g} s")
+        st.caption(f"controller `{cfg.controller_url}`  \nrefresh every {cfg.refresh_s:g} s")
+
+
+# ---- errors --------------------------------------------------------------------------------
+
+def explain(exc: ApiError, cfg: ConsoleConfig | None = None) -> str:
+    """An operator-facing explanation of a failed call: what happened and what to do."""
+    cfg = cfg or config()
+    url = cfg.controller_url
+    _, source = cfg.token()
+    if exc.unreachable and exc.detail == "no API token":
+        return (f"No API token: the console reads it from `PDCTL_TOKEN` or `{source}`, and "
+                "found none. Point `--state-dir` / `PDCTL_STATE_DIR` at the controller's "
+                "state directory, or set `PDCTL_TOKEN`.")
+    if exc.unreachable:
+        return (f"Cannot reach the controller at {url} ({exc.detail}). Is it running? Start "
+                "one with `pdctl lab` or `pdctl controller`, or point the console at it with "
+                f"`--controller URL` / `PDCTL_URL`. Retrying every {cfg.refresh_s:g} s.")
+    if exc.unauthorized:
+        return (f"The controller at {url} refused the API token (401: {exc.detail}). The "
+                f"token was read from {source}; it must match the controller's "
+                "`STATE_DIR/token`: start the console with the controller's `--state-dir`, "
+                "or set `PDCTL_TOKEN`.")
+    return f"The controller answered {exc.status}: {exc.detail}"
+
+
+def card_error(exc: ApiError) -> None:
+    """Inside a live card: short, since the page banner explains connection problems."""
+    if exc.unreachable or exc.unauthorized:
+        st.warning("No data: the controller is not answering (see above).", icon="⚠️")
+    else:
+        st.error(explain(exc))
+
+
+def connection_banner() -> None:
+    """Checks the controller (one cheap authenticated call); on failure shows why and marks the
+    session down so pages render nothing; on recovery reruns the whole app."""
+    try:
+        client().routing()
+    except ApiError as exc:
+        icon = ":material/cloud_off:" if exc.unreachable else ":material/key_off:"
+        st.error(explain(exc), icon=icon)
+        st.session_state[DOWN_KEY] = True
+        return
+    if st.session_state.get(DOWN_KEY):
+        st.session_state[DOWN_KEY] = False
+        st.rerun()
+
+
+def transfer_alert(share: dict[str, Any]) -> None:
+    if share["alert"]:
+        st.error(f"**KV transfer is {share['p50']:.0%} of TTFT** (median over disaggregated "
+                 f"requests), above the alert share of {share['alert_share']:.0%}. The link "
+                 "is slowing first tokens: check the KV link, or raise "
+                 "`disagg_min_prompt_tokens` so short prompts stay colocated.",
+                 icon=":material/warning:")
+
+
+def clock(ts: float) -> str:
+    return datetime.fromtimestamp(ts).strftime("%H:%M:%S")
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_ms(ms: Any) -> str:
+    return f"{float(ms):.1f} ms"

@@ -1,0 +1,215 @@
+"""Controls: pool size and TP per pool, routing policy and thresholds, draining an instance.
+
+Pool changes and drains are reviewed first and sent only after the operator confirms; a change
+the controller refuses shows its ``detail`` verbatim; the convergence card follows the pools
+live until they match the desired state."""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+import streamlit as st
+
+from controller.config import PolicyName
+from dashboard import changes, frames, ui
+from dashboard.changes import PendingChange
+from dashboard.client import ApiError, Json
+
+PENDING = "pdctl_pending"
+OUTCOME = "pdctl_outcome"  # (section, ok, message) of the last change
+POLICIES = list(get_args(PolicyName))
+ROLES: tuple[changes.Role, ...] = ("prefill", "decode")
+
+st.title("Controls")
+st.caption("Every change goes through the control API and lands in the audit log (Events)")
+
+
+# ---- sending changes -------------------------------------------------------------------------
+
+def _send(section: str, what: str, call: Any) -> None:
+    try:
+        call()
+    except ApiError as exc:
+        st.session_state[OUTCOME] = (section, False, exc)
+        return
+    ui.forget_reads()
+    st.session_state[OUTCOME] = (section, True, what)
+
+
+def confirm_pending() -> None:
+    """Button callback: send the reviewed change."""
+    held: tuple[str, PendingChange] | None = st.session_state.pop(PENDING, None)
+    if held is None:
+        return
+    p = held[1]
+    c = ui.client()
+    if p.kind == "pool" and p.role is not None:
+        role = p.role
+        _send(role, f"{p.title}: sent, the pool is converging",
+              lambda: c.set_pool(role, size=p.size, tp=p.tp))
+    elif p.kind == "drain" and p.instance_id is not None:
+        iid = p.instance_id
+        _send("drain", f"{iid} is draining", lambda: c.drain(iid))
+
+
+def cancel_pending() -> None:
+    st.session_state.pop(PENDING, None)
+
+
+def review(section: str, change: PendingChange | None) -> None:
+    st.session_state.pop(OUTCOME, None)
+    if change is None:
+        st.session_state.pop(PENDING, None)
+        st.session_state[OUTCOME] = (section, True, "nothing to change")
+    else:
+        st.session_state[PENDING] = (section, change)
+
+
+def show_outcome(section: str) -> None:
+    """The result of this section's last change: a toast, or the controller's refusal."""
+    outcome = st.session_state.get(OUTCOME)
+    if not outcome or outcome[0] != section:
+        return
+    _, ok, body = outcome
+    if ok:
+        st.toast(str(body), icon=":material/check_circle:")
+        st.session_state.pop(OUTCOME, None)
+    elif isinstance(body, ApiError) and body.refused:
+        st.error(f"Refused by the controller (HTTP {body.status}); nothing was changed:\n\n"
+                 f"{body.detail}", icon=":material/block:")
+    else:
+        st.error(ui.explain(body), icon=":material/block:")
+
+
+def show_pending(section: str) -> None:
+    """The confirmation step for a reviewed change of this section."""
+    held = st.session_state.get(PENDING)
+    if not held or held[0] != section:
+        return
+    change: PendingChange = held[1]
+    with st.container(border=True):
+        if change.disruptive:
+            st.warning(f"**Confirm a disruptive change — {change.title}**",
+                       icon=":material/warning:")
+        else:
+            st.info(f"**Confirm — {change.title}**", icon=":material/info:")
+        st.markdown("\n".join(f"- {e}" for e in change.effects))
+        left, right = st.columns(2)
+        left.button("Confirm change", key=f"confirm-{section}", type="primary",
+                    on_click=confirm_pending)
+        right.button("Cancel", key=f"cancel-{section}", on_click=cancel_pending)
+
+
+# ---- convergence (live) ------------------------------------------------------------------------
+
+@st.fragment(run_every=ui.run_every())
+def convergence() -> None:
+    st.subheader("Convergence")
+    try:
+        summary = frames.pool_summary(ui.cluster())
+    except ApiError as exc:
+        ui.card_error(exc)
+        return
+    cols = st.columns(2)
+    for col, (_, row) in zip(cols, summary.iterrows(), strict=True):
+        want, have = int(row["desired_size"]), int(row["ready_at_desired_tp"])
+        done = "converged" if row["converged"] else "converging…"
+        col.markdown(f"**{row['role']}** · desired {want} x TP{row['tp']} · {done}")
+        col.progress(1.0 if want == 0 else min(1.0, have / want),
+                     text=f"ready at desired TP {have}/{want} · starting {row['starting']} · "
+                          f"draining {row['draining']}")
+
+
+# ---- pool forms ----------------------------------------------------------------------------
+
+def pool_form(role: changes.Role, pool: Json, max_tp: int) -> None:
+    size, tp = int(pool["desired"]["size"]), int(pool["desired"]["tp"])
+    with st.form(f"pool-{role}"):
+        st.markdown(f"**{role.capitalize()} pool** · now {size} x TP{tp}")
+        # Keys carry the desired state, so the inputs reset when it changes.
+        new_size = st.number_input(f"{role} size", min_value=0, max_value=10_000, value=size,
+                                   step=1, key=f"{role}-size-{size}-{tp}")
+        new_tp = st.number_input(f"{role} TP", min_value=1, max_value=max(max_tp, tp),
+                                 value=tp, step=1, key=f"{role}-tp-{size}-{tp}",
+                                 help="tensor parallelism: accelerators per instance")
+        if st.form_submit_button(f"Review {role} change"):
+            review(role, changes.pool_change(role, size, tp, int(new_size), int(new_tp)))
+    show_pending(role)
+    show_outcome(role)
+
+
+def drain_form(instances: list[Json]) -> None:
+    candidates = {i["id"]: i for i in changes.drainable(instances)}
+    with st.form("drain"):
+        st.markdown("**Drain an instance** · it finishes its requests, then stops")
+        choice = st.selectbox(
+            "instance", list(candidates), index=None, placeholder="choose an instance",
+            format_func=lambda iid: (f"{iid} · {candidates[iid]['state']} · TP "
+                                     f"{candidates[iid]['tp']} · running "
+                                     f"{candidates[iid]['load']['running']:.0f}"))
+        if st.form_submit_button("Review drain") and choice:
+            review("drain", changes.drain_change(candidates[choice]))
+    show_pending("drain")
+    show_outcome("drain")
+
+
+def routing_form(current: Json) -> None:
+    v = "-".join(str(current[k]) for k in changes.ROUTING_FIELDS)  # reset after a change
+    with st.form("routing"):
+        st.markdown("**Routing** · effective for the next request")
+        a, b = st.columns(2)
+        wanted: dict[str, Any] = {
+            "prefill_policy": a.selectbox("prefill policy", POLICIES,
+                                          index=POLICIES.index(current["prefill_policy"]),
+                                          key=f"r-pp-{v}"),
+            "decode_policy": b.selectbox("decode policy", POLICIES,
+                                         index=POLICIES.index(current["decode_policy"]),
+                                         key=f"r-dp-{v}"),
+            "disagg_min_prompt_tokens": a.number_input(
+                "disaggregate from prompt tokens", min_value=0,
+                value=int(current["disagg_min_prompt_tokens"]), step=64, key=f"r-min-{v}",
+                help="shorter prompts are served colocated by a decode instance"),
+            "transfer_alert_share": b.number_input(
+                "transfer alert share of TTFT", min_value=0.0, max_value=1.0,
+                value=float(current["transfer_alert_share"]), step=0.05, format="%.2f",
+                key=f"r-alert-{v}"),
+            "max_attempts": a.number_input("max attempts per hop", min_value=1, max_value=10,
+                                           value=int(current["max_attempts"]),
+                                           key=f"r-att-{v}"),
+            "request_timeout_s": b.number_input(
+                "request timeout (s)", min_value=0.0,
+                value=float(current["request_timeout_s"]), step=10.0, key=f"r-to-{v}"),
+        }
+        if st.form_submit_button("Apply routing"):
+            patch = changes.routing_patch(current, wanted)
+            st.session_state.pop(OUTCOME, None)
+            if patch:
+                c = ui.client()
+                _send("routing", "routing updated: " + ", ".join(
+                    f"{k}={val}" for k, val in patch.items()), lambda: c.set_routing(patch))
+                st.rerun()  # show the new values; the outcome survives in session state
+            else:
+                st.session_state[OUTCOME] = ("routing", True, "nothing to change")
+    show_outcome("routing")
+
+
+# ---- page --------------------------------------------------------------------------------
+
+convergence()
+try:
+    cluster = ui.cluster()
+except ApiError as exc:
+    ui.card_error(exc)
+    st.stop()
+max_tp = int(cluster["hardware"]["accelerators_per_node"])
+st.subheader("Pools")
+cols = st.columns(2)
+for col, pool_role in zip(cols, ROLES, strict=True):
+    with col:
+        pool_form(pool_role, cluster["pools"][pool_role], max_tp)
+st.subheader("Instances and routing")
+left, right = st.columns(2)
+with left:
+    drain_form(cluster["instances"])
+with right:
+    routing_form(cluster["routing"])

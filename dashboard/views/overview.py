@@ -1,0 +1,95 @@
+"""Overview: live TTFT broken into its parts, request rate, disaggregated vs colocated share,
+and the alert when KV transfer takes more than the configured share of TTFT."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import charts, frames, ui
+from dashboard.client import ApiError
+
+window = ui.window_s()
+st.title("Overview")
+st.caption(f"Last {window:g} s · from `/api/v1/stats`, `/api/v1/timeseries` and "
+           f"`/api/v1/requests?limit={ui.RECENT_LIMIT}`")
+
+
+@st.fragment(run_every=ui.run_every())
+def headline() -> None:
+    try:
+        s = ui.stats(window)
+    except ApiError as exc:
+        ui.card_error(exc)
+        return
+    ui.transfer_alert(s["transfer_share"])
+    cols = st.columns(5)
+    cols[0].metric("Request rate", f"{s['request_rate']:.1f} /s",
+                   help=f"{s['requests']} requests in the window ({s['total_requests']} total)")
+    cols[1].metric("TTFT p50", ui.fmt_ms(s["ttft_ms"]["p50"]))
+    cols[2].metric("TTFT p99", ui.fmt_ms(s["ttft_ms"]["p99"]))
+    cols[3].metric("Disaggregated", f"{s['disaggregated_share']:.0%}",
+                   help="share of successful requests that took the two-hop path")
+    share = s["transfer_share"]
+    cols[4].metric("Transfer share of TTFT", f"{share['p50']:.0%}",
+                   delta=f"alert above {share['alert_share']:.0%}", delta_color="off",
+                   help="median of transfer_ms / ttft_ms over disaggregated requests")
+    st.markdown("**Mean TTFT, part by part** — the means add up to the mean TTFT "
+                f"({ui.fmt_ms(s['ttft_ms']['mean'])})")
+    parts = st.columns(5)
+    for col, part in zip(parts, frames.PARTS, strict=True):
+        c = s["components_ms"][part]
+        col.metric(frames.PART_LABELS[part], ui.fmt_ms(c["mean"]),
+                   help=f"p50 {c['p50']:.2f} · p90 {c['p90']:.2f} · p99 {c['p99']:.2f} ms")
+    with st.expander("Percentiles of TTFT and each part (ms)"):
+        st.dataframe(frames.components_table(s), hide_index=True, width="stretch")
+
+
+@st.fragment(run_every=ui.run_every())
+def recent() -> None:
+    st.subheader("Recent requests")
+    try:
+        df = frames.requests_frame(ui.recent_requests())
+    except ApiError as exc:
+        ui.card_error(exc)
+        return
+    if df.empty:
+        st.info("No requests recorded yet.")
+        return
+    st.altair_chart(charts.ttft_recent(frames.parts_long(df)), width="stretch")
+
+
+@st.fragment(run_every=ui.run_every())
+def over_time() -> None:
+    st.subheader("TTFT over time")
+    try:
+        ts = frames.timeseries_frame(ui.timeseries(window))
+    except ApiError as exc:
+        ui.card_error(exc)
+        return
+    left, right = st.columns(2)
+    left.caption(f"Mean of each part per {ui.step_for(window):g} s bucket")
+    left.altair_chart(charts.ttft_parts_over_time(frames.ts_parts_long(ts)), width="stretch")
+    right.caption("TTFT percentiles per bucket")
+    right.altair_chart(charts.ttft_percentiles(frames.ts_percentiles_long(ts)), width="stretch")
+
+
+@st.fragment(run_every=ui.run_every())
+def traffic() -> None:
+    st.subheader("Traffic")
+    try:
+        ts = frames.timeseries_frame(ui.timeseries(window))
+        s = ui.stats(window)
+    except ApiError as exc:
+        ui.card_error(exc)
+        return
+    left, right = st.columns([2, 1])
+    left.caption("Requests per second by path")
+    left.altair_chart(charts.request_rate(frames.ts_rate_long(ts)), width="stretch")
+    right.caption("Disaggregated vs colocated in the window")
+    right.altair_chart(charts.path_share(frames.path_share(s)), width="stretch")
+
+
+headline()
+recent()
+over_time()
+traffic()

@@ -1,0 +1,97 @@
+"""Pools: every instance with role, state, TP, running and waiting requests and KV cache usage,
+and each pool's utilization; a grid of cells keeps 100+ instances readable at a glance."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, frames, ui
+from dashboard.client import ApiError
+
+GRID_CHOICES = {"KV cache usage": "kv_cache_usage", "running": "running",
+                "waiting": "waiting", "state": "state"}
+STATES = ["starting", "ready", "draining", "failed", "stopped"]
+
+st.title("Pools")
+st.caption("From `/api/v1/cluster`: desired and actual pools, every instance and the load its "
+           "engine last reported")
+
+
+def pool_card(row: pd.Series, instances: pd.DataFrame) -> None:
+    role = str(row["role"])
+    with st.container(border=True):
+        state = "converged" if row["converged"] else "converging"
+        st.markdown(f"**{role.capitalize()} pool** · TP {row['tp']} · {state}")
+        cols = st.columns(3)
+        cols[0].metric("Ready", f"{row['ready']} / {row['desired_size']}",
+                       help=f"starting {row['starting']}, draining {row['draining']}")
+        cols[1].metric("Running", f"{row['running']:.0f}")
+        cols[2].metric("Waiting", f"{row['waiting']:.0f}")
+        busy, kv = float(row["busy_share"]), float(row["kv_cache_usage_mean"])
+        st.progress(min(1.0, busy), text=f"busy {busy:.0%} · ready instances with requests "
+                                         "in flight or running")
+        st.progress(min(1.0, kv), text=f"KV cache {kv:.0%} · mean usage of the ready "
+                                       "instances")
+        counts = instances[instances["role"] == role]["state"].value_counts()
+        st.caption(" · ".join(f"{s} {counts[s]}" for s in STATES if s in counts) or
+                   "no instances")
+
+
+@st.fragment(run_every=ui.run_every())
+def overview() -> None:
+    try:
+        cl = ui.cluster()
+    except ApiError as exc:
+        ui.card_error(exc)
+        return
+    inst = frames.instances_frame(cl["instances"])
+    summary = frames.pool_summary(cl)
+    cols = st.columns(2)
+    for col, (_, row) in zip(cols, summary.iterrows(), strict=True):
+        with col:
+            pool_card(row, inst)
+    choice = st.segmented_control("Colour instances by", list(GRID_CHOICES),
+                                  default="KV cache usage", key="pools_grid_metric")
+    if inst.empty:
+        st.info("No instances.")
+        return
+    metric = GRID_CHOICES.get(choice or "KV cache usage", "kv_cache_usage")
+    st.altair_chart(charts.instance_grid(inst, metric))
+
+
+COLUMNS = {
+    "id": st.column_config.TextColumn("instance"),
+    "role": st.column_config.TextColumn("role"),
+    "state": st.column_config.TextColumn("state"),
+    "tp": st.column_config.NumberColumn("TP", format="%d"),
+    "running": st.column_config.NumberColumn("running", format="%.0f"),
+    "waiting": st.column_config.NumberColumn("waiting", format="%.0f"),
+    "inflight": st.column_config.NumberColumn("in flight", format="%d"),
+    "kv_cache_usage": st.column_config.ProgressColumn("KV cache", min_value=0.0, max_value=1.0,
+                                                      format="percent"),
+    "url": st.column_config.TextColumn("url"),
+    "last_error": st.column_config.TextColumn("last error"),
+}
+
+
+@st.fragment(run_every=ui.run_every())
+def table() -> None:
+    st.subheader("Instances")
+    left, right = st.columns(2)
+    roles = left.multiselect("Role", ["prefill", "decode"], default=["prefill", "decode"],
+                             key="pools_roles")
+    states = right.multiselect("State", STATES, default=STATES, key="pools_states")
+    try:
+        inst = frames.instances_frame(ui.cluster()["instances"])
+    except ApiError as exc:
+        ui.card_error(exc)
+        return
+    shown = inst[inst["role"].isin(roles) & inst["state"].isin(states)]
+    st.dataframe(shown[list(COLUMNS)], column_config=COLUMNS, hide_index=True,
+                 height=min(600, 38 + 35 * max(1, len(shown))), width="stretch")
+    st.caption(f"{len(shown)} of {len(inst)} instances")
+
+
+overview()
+table()

@@ -1,0 +1,188 @@
+"""A fake controller behind ``httpx.MockTransport``: the control API's routes and response
+shapes, computed with the controller's own aggregation and validation functions, over
+synthetic request records and instances. Records every call."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from controller import advisor, profiles, validation
+from controller.errors import InvalidChange
+from controller.models import Instance, InstanceState, RequestPath, RequestRecord, Role
+from controller.reconciler import PoolTarget
+from controller.requests_log import stats, timeseries
+from dashboard.client import ControllerClient
+
+TOKEN = "secret-token"
+URL = "http://fake-controller:8080"
+MODEL = profiles.model("llama-3-70b")
+HW = profiles.hardware("h100-sxm")
+
+
+def make_records(n: int, transfer_ms: float = 5.0, now: float | None = None
+                 ) -> list[RequestRecord]:
+    """``n`` finished requests over the last ``n / 10`` seconds, two in three disaggregated."""
+    now = time.time() if now is None else now
+    out = []
+    for k in range(n):
+        disagg = k % 3 != 0
+        prompt = 600 + (k % 7) * 100 if disagg else 20
+        parts = {"queue_ms": 1.0, "prefill_ms": 10.0,
+                 "transfer_ms": transfer_ms if disagg else 0.0,
+                 "decode_sched_ms": 8.0 if disagg else 0.0, "overhead_ms": 2.0}
+        out.append(RequestRecord(
+            id=f"req-{k}", started_at=now - (n - k) * 0.1, endpoint="/v1/completions",
+            path=RequestPath.DISAGGREGATED if disagg else RequestPath.COLOCATED,
+            status="ok", stream=bool(k % 2), prompt_tokens=prompt, output_tokens=16,
+            prefill_instance="prefill-1" if disagg else None, decode_instance="decode-2",
+            ttft_ms=sum(parts.values()), itl_ms=5.0, e2e_ms=100.0,
+            kv_bytes=profiles.kv_bytes(MODEL, prompt, 16) if disagg else 0, **parts))
+    return out
+
+
+def make_instances(prefill: int, decode: int, prefill_tp: int = 4, decode_tp: int = 2
+                   ) -> list[Instance]:
+    out, n = [], 0
+    for role, count, tp in ((Role.PREFILL, prefill, prefill_tp), (Role.DECODE, decode, decode_tp)):
+        for _ in range(count):
+            n += 1
+            out.append(Instance(id=f"{role.value}-{n}", role=role, tp=tp,
+                                url=f"http://127.0.0.1:{9000 + n}", state=InstanceState.READY,
+                                running=float(n % 5), waiting=float(n % 3), inflight=n % 4,
+                                kv_usage=(n % 10) / 10))
+    return out
+
+
+@dataclass
+class FakeController:
+    records: list[RequestRecord] = field(default_factory=lambda: make_records(300))
+    instances: list[Instance] = field(default_factory=lambda: make_instances(1, 1))
+    targets: dict[Role, PoolTarget] = field(default_factory=lambda: {
+        Role.PREFILL: PoolTarget(1, 4), Role.DECODE: PoolTarget(1, 2)})
+    routing: dict[str, Any] = field(default_factory=lambda: {
+        "disagg_min_prompt_tokens": 512, "transfer_alert_share": 0.2,
+        "prefill_policy": "round_robin", "decode_policy": "least_loaded",
+        "max_attempts": 3, "request_timeout_s": 600.0})
+    token: str = TOKEN
+    reachable: bool = True
+    nodes: int = 4
+    calls: list[tuple[str, str, Any]] = field(default_factory=list)
+
+    def client(self, token: str | None = TOKEN) -> ControllerClient:
+        return ControllerClient(URL, token, transport=httpx.MockTransport(self.handle))
+
+    def changes(self) -> list[tuple[str, str, Any]]:
+        return [c for c in self.calls if c[0] != "GET"]
+
+    # ---- the API ------------------------------------------------------------------------
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        if not self.reachable:
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+        body = json.loads(request.content) if request.content else None
+        self.calls.append((request.method, request.url.path, body))
+        if request.headers.get("authorization") != f"Bearer {self.token}":
+            return httpx.Response(401, json={
+                "detail": "missing or invalid bearer token (see STATE_DIR/token)"})
+        try:
+            return httpx.Response(200, json=self.route(request, body))
+        except InvalidChange as exc:
+            return httpx.Response(422, json={"detail": str(exc), "field": exc.field})
+        except KeyError as exc:
+            return httpx.Response(404, json={"detail": f"no instance {exc.args[0]!r}"})
+
+    def route(self, request: httpx.Request, body: Any) -> Any:
+        path = request.url.path.removeprefix("/api/v1")
+        q = request.url.params
+        window = float(q.get("window_s", 60))
+        key = (request.method, path)
+        if key == ("GET", "/cluster"):
+            return self.cluster()
+        if key == ("GET", "/routing"):
+            return self.routing
+        if key == ("GET", "/stats"):
+            out = stats(self.window(window), window, self.routing["transfer_alert_share"])
+            return {**out, "pools": {}, "total_requests": len(self.records)}
+        if key == ("GET", "/timeseries"):
+            now = time.time()
+            return {"window_s": window, "step_s": float(q["step_s"]), "now": now,
+                    "buckets": timeseries(self.window(window), window, float(q["step_s"]),
+                                          now)}
+        if key == ("GET", "/requests"):
+            return [r.public() for r in reversed(self.records[-int(q.get("limit", 100)):])]
+        if key == ("GET", "/advisor"):
+            return advisor.advise(MODEL, HW, profiles.link("ib-ndr"), 4, 2,
+                                  self.window(600), None, 0.2)
+        if key == ("GET", "/events"):
+            return self.events()
+        if request.method == "PATCH" and path.startswith("/pools/"):
+            return self.set_pool(Role(path.rsplit("/", 1)[1]), body)
+        if key == ("PATCH", "/routing"):
+            return self.set_routing(body)
+        if request.method == "POST" and path.endswith("/drain"):
+            return self.drain(path.split("/")[2])
+        raise InvalidChange(f"fake controller: no route {key}")
+
+    def window(self, window_s: float) -> list[RequestRecord]:
+        cutoff = time.time() - window_s
+        return [r for r in self.records if r.started_at >= cutoff]
+
+    def pool_view(self, role: Role) -> dict[str, Any]:
+        t = self.targets[role]
+        mine = [i for i in self.instances if i.role is role]
+        ready = sum(1 for i in mine if i.state is InstanceState.READY and i.tp == t.tp)
+        return {"desired": {"size": t.size, "tp": t.tp},
+                "actual": {"ready": sum(1 for i in mine if i.state is InstanceState.READY),
+                           "starting": sum(1 for i in mine
+                                           if i.state is InstanceState.STARTING),
+                           "draining": sum(1 for i in mine
+                                           if i.state is InstanceState.DRAINING),
+                           "ready_at_desired_tp": ready},
+                "converged": ready == t.size}
+
+    def cluster(self) -> dict[str, Any]:
+        return {
+            "model": {"name": MODEL.name, "served_name": MODEL.name, "params": MODEL.params,
+                      "layers": MODEL.layers, "heads": MODEL.heads,
+                      "kv_heads": MODEL.kv_heads, "head_dim": MODEL.head_dim,
+                      "kv_bytes_per_token": MODEL.kv_bytes_per_token},
+            "backend": "sim",
+            "hardware": {"accelerator": HW.name, "accelerators_per_node": 8,
+                         "nodes": self.nodes, "total_accelerators": 8 * self.nodes,
+                         "used_accelerators": 6, "kv_link": "ib-ndr"},
+            "pools": {r.value: self.pool_view(r) for r in Role},
+            "routing": self.routing,
+            "instances": [i.public() for i in self.instances],
+        }
+
+    def events(self) -> list[dict[str, Any]]:
+        return [{"id": 2, "ts": time.time(), "actor": "pdctl-console", "kind": "pool.update",
+                 "target": "decode", "before": {"size": 1, "tp": 2},
+                 "after": {"size": 2, "tp": 2}, "detail": None},
+                {"id": 1, "ts": time.time() - 5, "actor": "controller",
+                 "kind": "controller.start", "target": "controller", "before": None,
+                 "after": {"backend": "sim"}, "detail": None}]
+
+    def set_pool(self, role: Role, body: dict[str, Any]) -> dict[str, Any]:
+        self.targets = validation.check_change(
+            self.targets, role, body.get("size"), body.get("tp"), model=MODEL, hw=HW,
+            per_node=8, nodes=self.nodes, managed=True)
+        return self.pool_view(role)
+
+    def set_routing(self, patch: dict[str, Any]) -> dict[str, Any]:
+        if patch.get("disagg_min_prompt_tokens", 0) > 1_000_000:
+            raise InvalidChange("disagg_min_prompt_tokens: must be at most 1000000")
+        self.routing = {**self.routing, **patch}
+        return self.routing
+
+    def drain(self, instance_id: str) -> dict[str, Any]:
+        inst = next((i for i in self.instances if i.id == instance_id), None)
+        if inst is None:
+            raise KeyError(instance_id)
+        inst.state = InstanceState.DRAINING
+        return inst.public()

@@ -1,0 +1,160 @@
+"""Frames (controller JSON -> DataFrame) and chart builders (DataFrame -> Altair chart)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import altair as alt
+import pandas as pd
+import pytest
+
+from controller import profiles
+from controller.requests_log import stats, timeseries
+from dashboard import charts, frames, whatif
+from tests.dashboard.fake import FakeController, make_instances, make_records
+
+
+def requests_json(n: int = 30) -> list[dict[str, Any]]:
+    return [r.public() for r in reversed(make_records(n))]
+
+
+def ts_json(n: int = 300) -> dict[str, Any]:
+    now = time.time()
+    return {"step_s": 5.0, "buckets": timeseries(make_records(n, now=now), 60, 5, now)}
+
+
+def test_requests_frame_is_oldest_first_with_shares() -> None:
+    df = frames.requests_frame(requests_json())
+    assert list(df["seq"]) == list(range(1, 31))
+    assert df["started"].is_monotonic_increasing
+    disagg = df[df["path"] == "disaggregated"]
+    assert (disagg["transfer_share"] - 5.0 / 26.0).abs().max() < 1e-9
+    assert (df[df["path"] == "colocated"]["transfer_share"] == 0).all()
+
+
+def test_parts_long_sums_back_to_ttft() -> None:
+    long = frames.parts_long(frames.requests_frame(requests_json()))
+    per_request = long.groupby("id")["ms"].sum()
+    ttft = long.groupby("id")["ttft_ms"].first()
+    assert (per_request - ttft).abs().max() < 1e-6
+    assert set(long["part"]) == set(frames.PART_LABELS.values())
+
+
+def test_timeseries_frames() -> None:
+    ts = frames.timeseries_frame(ts_json())
+    assert len(ts) == 12
+    assert ts["rate"].sum() * 5 == pytest.approx(300)
+    rate = frames.ts_rate_long(ts)
+    assert set(rate["path"]) == {"disaggregated", "colocated", "errors"}
+    assert rate["per_s"].sum() * 5 == pytest.approx(300)
+    parts = frames.ts_parts_long(ts)
+    assert set(parts["part"]) == set(frames.PART_LABELS.values())
+    assert set(frames.ts_percentiles_long(ts)["percentile"]) == {"p50", "p90", "p99"}
+
+
+def test_path_share_and_components_table() -> None:
+    s = stats(make_records(300), 60, 0.2)
+    share = frames.path_share(s)
+    assert dict(zip(share["path"], share["requests"], strict=True)) == {
+        "disaggregated": 200, "colocated": 100, "errors": 0}
+    table = frames.components_table(s)
+    assert list(table["part"])[0] == "TTFT" and len(table) == 6
+
+
+def test_instances_frame_sorts_naturally_and_places_on_a_grid() -> None:
+    instances = [i.public() for i in make_instances(3, 25)]
+    df = frames.instances_frame(reversed(instances))
+    assert list(df["id"][:4]) == ["prefill-1", "prefill-2", "prefill-3", "decode-4"]
+    decode = df[df["role"] == "decode"]
+    assert list(decode["col"][:3]) == [0, 1, 2]
+    assert decode["row"].max() == 1  # 25 decode cells: two rows of 20
+
+
+def test_pool_summary_from_the_cluster() -> None:
+    fake = FakeController(instances=make_instances(2, 4))
+    summary = frames.pool_summary(fake.cluster()).set_index("role")
+    assert summary.loc["decode", "ready"] == 4
+    assert not summary.loc["prefill", "converged"]  # 2 ready, 1 desired
+    assert 0 <= summary.loc["decode", "kv_cache_usage_mean"] <= 1
+
+
+def test_events_frame_compacts_json() -> None:
+    df = frames.events_frame(FakeController().events())
+    assert df["after"].iloc[0] == '{"size":2,"tp":2}'
+    assert df["before"].iloc[1] == "" and df["detail"].iloc[0] == ""
+
+
+def test_empty_inputs_make_empty_frames() -> None:
+    assert frames.requests_frame([]).empty
+    assert frames.parts_long(frames.requests_frame([])).empty
+    assert frames.timeseries_frame({"step_s": 1, "buckets": []}).empty
+    assert frames.instances_frame([]).empty
+    assert frames.events_frame([]).empty
+
+
+def chart_specs() -> list[alt.TopLevelMixin]:
+    req = frames.requests_frame(requests_json(60))
+    ts = frames.timeseries_frame(ts_json())
+    s = stats(make_records(300), 60, 0.2)
+    inst = frames.instances_frame(i.public() for i in make_instances(40, 80))
+    return [
+        charts.ttft_recent(frames.parts_long(req)),
+        charts.ttft_parts_over_time(frames.ts_parts_long(ts)),
+        charts.ttft_percentiles(frames.ts_percentiles_long(ts)),
+        charts.request_rate(frames.ts_rate_long(ts)),
+        charts.path_share(frames.path_share(s)),
+        charts.kv_throughput(ts),
+        charts.achieved_bandwidth(ts, 50.0, "ib-ndr"),
+        charts.kv_bytes_vs_prompt(req, whatif.kv_line(327_680, 1200)),
+        charts.instance_grid(inst),
+        charts.instance_grid(inst, "state"),
+        charts.instance_grid(inst, "waiting"),
+        charts.transfer_by_link(whatif.sweep("llama-3-70b", profiles.LINKS), "ib-ndr", 4096),
+    ]
+
+
+def test_every_chart_builds_a_valid_spec() -> None:
+    for chart in chart_specs():
+        spec = chart.to_dict()  # validates against the Vega-Lite schema
+        assert spec["$schema"].startswith("https://vega.github.io/schema/vega-lite/")
+
+
+def test_ttft_recent_stacks_parts_in_request_order() -> None:
+    spec = charts.ttft_recent(frames.parts_long(frames.requests_frame(requests_json()))
+                              ).to_dict()
+    enc = spec["encoding"]
+    assert enc["y"]["stack"] == "zero"
+    assert enc["color"]["scale"]["domain"] == charts.PART_ORDER
+    assert enc["order"]["field"] == "part_rank"
+
+
+def test_achieved_bandwidth_draws_the_ceiling() -> None:
+    ts = frames.timeseries_frame(ts_json())
+    spec = charts.achieved_bandwidth(ts, 50.0, "ib-ndr").to_dict()
+    datasets = spec["datasets"].values()
+    assert any(row.get("gbps") == 50.0 for rows in datasets for row in rows)
+
+
+def test_charts_accept_empty_frames() -> None:
+    empty_ts = frames.timeseries_frame({"step_s": 1, "buckets": []})
+    empty_req = frames.requests_frame([])
+    for chart in (charts.ttft_recent(frames.parts_long(empty_req)),
+                  charts.ttft_parts_over_time(frames.ts_parts_long(empty_ts)),
+                  charts.achieved_bandwidth(empty_ts, 50.0, "ib-ndr"),
+                  charts.kv_bytes_vs_prompt(empty_req, whatif.kv_line(1, 1)),
+                  charts.path_share(pd.DataFrame({"path": [], "requests": []}))):
+        chart.to_dict()
+
+
+def test_what_if_matches_the_domain_numbers() -> None:
+    est = whatif.estimate("llama-3-70b", 4096, "ib-ndr", "h100-sxm", 4)
+    assert est.kv_bytes == 2 * 80 * 8 * 128 * 4096 * 2  # ~1.34 GB
+    assert est.wire_ms == pytest.approx(26.84, abs=0.01)  # "~27 ms over IB NDR"
+    assert est.transfer_ms == pytest.approx(est.wire_ms + 10.0)
+    assert est.transfer_share is not None and 0 < est.transfer_share < 1
+    tcp = whatif.estimate("llama-3-70b", 4096, "tcp-100gbe")
+    assert tcp.wire_ms == pytest.approx(134.2, abs=0.1) and tcp.transfer_share is None
+    sweep = whatif.sweep("llama-3-8b", ["nvlink", "ib-ndr"], [1024, 2048])
+    by = sweep.pivot(index="prompt_tokens", columns="link", values="transfer_ms")
+    assert (by["nvlink"] < by["ib-ndr"]).all() and by["ib-ndr"].is_monotonic_increasing
