@@ -33,8 +33,9 @@ def add_parsers(sub: SubParsers) -> None:
     p = sub.add_parser("status", help="pools, instances and load")
     _client_flags(p)
     p.set_defaults(run=run_status)
-    for verb, field, what in (("scale", "size", "instances"), ("tp", "tp", "tensor parallel")):
-        p = sub.add_parser(verb, help=f"set a pool's {what} size",
+    for verb, field, what in (("scale", "size", "size (instances)"),
+                              ("tp", "tp", "tensor-parallel size")):
+        p = sub.add_parser(verb, help=f"set a pool's {what}",
                            description=f"Set the desired {field} of a pool; the controller "
                                        "converges to it (rolling for TP).")
         p.add_argument("role", choices=["prefill", "decode"])
