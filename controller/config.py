@@ -205,7 +205,7 @@ def profile_from_hf_config(name: str, cfg: dict[str, Any]) -> profiles.ModelProf
     layers = int(cfg["num_hidden_layers"])
     inter = int(cfg["intermediate_size"])
     vocab = int(cfg["vocab_size"])
-    dtype = str(cfg.get("torch_dtype", "bfloat16"))
+    dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
     return profiles.ModelProfile(
         name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
         head_dim=head_dim, intermediate=inter, vocab=vocab,

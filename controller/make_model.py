@@ -16,8 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ARCH = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048}
+HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, MAX_LEN = 256, 512, 4, 4, 2, 2048
 VOCAB_SIZE = 640
 SPECIALS = ["<unk>", "<s>", "</s>"]
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -57,11 +56,15 @@ def make_model(out: Path, seed: int = 0) -> Path:
                                    eos_token="</s>")
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out))
-    config = LlamaConfig(vocab_size=VOCAB_SIZE, bos_token_id=tok.token_to_id("<s>"),
+    config = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=HIDDEN,
+                         intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
+                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+                         max_position_embeddings=MAX_LEN, bos_token_id=tok.token_to_id("<s>"),
                          eos_token_id=tok.token_to_id("</s>"), tie_word_embeddings=False,
-                         torch_dtype="bfloat16", **ARCH)
+                         dtype="bfloat16")
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = LlamaForCausalLM(config)
+    model.to(torch.bfloat16)  # type: ignore[arg-type]  # transformers' typing of .to
     model.save_pretrained(str(out), safe_serialization=True)
     (out / "pdctl-model.json").write_text(json.dumps({"seed": seed, "maker": "pdctl"}) + "\n")
     return out

@@ -6,7 +6,11 @@ import math
 import time
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
+
+import numpy as np
 
 from controller.models import RequestPath, RequestRecord
 
@@ -14,25 +18,86 @@ COMPONENTS = ("queue_ms", "prefill_ms", "transfer_ms", "decode_sched_ms", "overh
 QUANTILES = (0.5, 0.9, 0.99)
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
+def percentiles(values: Iterable[float] | np.ndarray) -> dict[str, float]:
     """Nearest-rank p50/p90/p99 plus mean and max; zeros for no data."""
-    if not values:
-        return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0, "max": 0.0}
-    s = sorted(values)
-    out = {f"p{round(q * 100)}": s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
-           for q in QUANTILES}
-    out["mean"] = sum(s) / len(s)
-    out["max"] = s[-1]
-    return out
+    return _summaries(np.asarray(list(values) if not isinstance(values, np.ndarray)
+                                 else values, dtype=float).reshape(-1, 1))[0]
+
+
+def _summaries(columns: np.ndarray) -> list[dict[str, float]]:
+    """``percentiles`` of every column of a 2-D array at once."""
+    if columns.shape[0] == 0:
+        return [dict.fromkeys(("p50", "p90", "p99", "mean", "max"), 0.0)
+                for _ in range(columns.shape[1])]
+    q = np.quantile(columns, QUANTILES, axis=0, method="inverted_cdf")
+    means, maxes = columns.mean(axis=0), columns.max(axis=0)
+    return [{"p50": float(q[0, k]), "p90": float(q[1, k]), "p99": float(q[2, k]),
+             "mean": float(means[k]), "max": float(maxes[k])} for k in range(columns.shape[1])]
+
+
+STATUSES = ("ok", "error", "cancelled")
+NUMERIC = ("started_at", "ttft_ms", *COMPONENTS, "prompt_tokens", "output_tokens", "itl_ms",
+           "kv_bytes")
+_numeric_row = attrgetter(*NUMERIC)
+COL = {name: k for k, name in enumerate(NUMERIC)}
+
+
+@dataclass(frozen=True)
+class Columns:
+    """A window of records as numpy columns: ``values[:, COL[name]]``, ``ok``, ``disagg``,
+    and ``status`` (index into STATUSES, len(STATUSES) for anything else)."""
+
+    values: np.ndarray
+    status: np.ndarray
+    disagg: np.ndarray
+
+    @classmethod
+    def from_records(cls, records: list[RequestRecord]) -> Columns:
+        values = np.array([_numeric_row(r) for r in records], dtype=float)
+        return cls(values.reshape(-1, len(NUMERIC)),
+                   np.array([_status_code(r.status) for r in records], dtype=np.int8),
+                   np.array([r.path is RequestPath.DISAGGREGATED for r in records], dtype=bool))
+
+    def __len__(self) -> int:
+        return int(self.values.shape[0])
+
+    def col(self, name: str) -> np.ndarray:
+        return self.values[:, COL[name]]
+
+    @property
+    def ok(self) -> np.ndarray:
+        return self.status == 0
+
+    def select(self, mask: np.ndarray) -> Columns:
+        return Columns(self.values[mask], self.status[mask], self.disagg[mask])
+
+
+def _status_code(status: str) -> int:
+    return STATUSES.index(status) if status in STATUSES else len(STATUSES)
+
+
+def _as_columns(records: Columns | list[RequestRecord]) -> Columns:
+    return records if isinstance(records, Columns) else Columns.from_records(records)
 
 
 class RequestLog:
+    """The last ``maxlen`` records, kept twice: as objects (for ``/requests``) and as a ring
+    of numpy rows (for aggregates, which then cost milliseconds at 100k records)."""
+
     def __init__(self, maxlen: int) -> None:
         self._records: deque[RequestRecord] = deque(maxlen=maxlen)
+        self._maxlen = maxlen
+        self._values = np.zeros((maxlen, len(NUMERIC)))
+        self._status = np.zeros(maxlen, dtype=np.int8)
+        self._disagg = np.zeros(maxlen, dtype=bool)
         self.total = 0
 
     def add(self, record: RequestRecord) -> None:
         self._records.append(record)
+        i = self.total % self._maxlen
+        self._values[i] = _numeric_row(record)
+        self._status[i] = _status_code(record.status)
+        self._disagg[i] = record.path is RequestPath.DISAGGREGATED
         self.total += 1
 
     def __len__(self) -> int:
@@ -58,38 +123,56 @@ class RequestLog:
         out.reverse()
         return out
 
+    def columns(self, window_s: float, now: float | None = None) -> Columns:
+        """The same window as ``window``, as columns, in completion order. Like ``window`` it
+        stops at the first record older than the window, counting back from the newest."""
+        n = len(self._records)
+        order = np.arange(self.total - n, self.total) % self._maxlen
+        started = self._values[order, COL["started_at"]]
+        cutoff = (time.time() if now is None else now) - window_s
+        older = np.flatnonzero(started < cutoff)
+        rows = order[older[-1] + 1:] if older.size else order
+        return Columns(self._values[rows], self._status[rows], self._disagg[rows])
 
-def stats(records: list[RequestRecord], window_s: float, alert_share: float
+
+def _kv(c: Columns, seconds: float) -> dict[str, float]:
+    d = c.select(c.ok & c.disagg)
+    kv_bytes = float(d.col("kv_bytes").sum())
+    kv_ms = float(d.col("transfer_ms").sum())
+    return {"bytes": kv_bytes, "bytes_per_s": kv_bytes / seconds if seconds > 0 else 0.0,
+            "transfer_gbps": (kv_bytes / 1e9) / (kv_ms / 1e3) if kv_ms > 0 else 0.0}
+
+
+def stats(records: Columns | list[RequestRecord], window_s: float, alert_share: float
           ) -> dict[str, Any]:
     """Aggregates of one window: rates, TTFT and component percentiles, KV transfer."""
-    ok = [r for r in records if r.status == "ok"]
-    disagg = [r for r in ok if r.path is RequestPath.DISAGGREGATED]
-    kv_bytes = sum(r.kv_bytes for r in disagg)
-    kv_ms = sum(r.transfer_ms for r in disagg)
-    shares = [r.transfer_ms / r.ttft_ms for r in disagg if r.ttft_ms > 0]
+    c = _as_columns(records)
+    ok = c.select(c.ok)
+    fields = ("ttft_ms", *COMPONENTS, "prompt_tokens", "output_tokens")
+    summary = dict(zip(fields, _summaries(np.stack([ok.col(f) for f in fields], axis=1)),
+                       strict=True))
+    d = ok.select(ok.disagg & (ok.col("ttft_ms") > 0))
+    shares = d.col("transfer_ms") / d.col("ttft_ms")
     share = percentiles(shares)
-    by_status: dict[str, int] = {}
-    for r in records:
-        by_status[r.status] = by_status.get(r.status, 0) + 1
+    counts = np.bincount(c.status, minlength=len(STATUSES) + 1)
+    by_status = {name: int(counts[k]) for k, name in enumerate(STATUSES) if counts[k]}
+    if counts[-1]:
+        by_status["other"] = int(counts[-1])
+    itl = ok.col("itl_ms")
     return {
         "window_s": window_s,
-        "requests": len(records),
+        "requests": len(c),
         "by_status": by_status,
-        "request_rate": len(records) / window_s if window_s > 0 else 0.0,
-        "disaggregated_share": len(disagg) / len(ok) if ok else 0.0,
-        "ttft_ms": percentiles([r.ttft_ms for r in ok]),
-        "components_ms": {c.removesuffix("_ms"): percentiles([getattr(r, c) for r in ok])
-                          for c in COMPONENTS},
-        "itl_ms": percentiles([r.itl_ms for r in ok if r.itl_ms > 0]),
-        "prompt_tokens": percentiles([float(r.prompt_tokens) for r in ok]),
-        "output_tokens": percentiles([float(r.output_tokens) for r in ok]),
-        "kv": {
-            "bytes": kv_bytes,
-            "bytes_per_s": kv_bytes / window_s if window_s > 0 else 0.0,
-            "transfer_gbps": (kv_bytes / 1e9) / (kv_ms / 1e3) if kv_ms > 0 else 0.0,
-        },
+        "request_rate": len(c) / window_s if window_s > 0 else 0.0,
+        "disaggregated_share": float(ok.disagg.mean()) if len(ok) else 0.0,
+        "ttft_ms": summary["ttft_ms"],
+        "components_ms": {f.removesuffix("_ms"): summary[f] for f in COMPONENTS},
+        "itl_ms": percentiles(itl[itl > 0]),
+        "prompt_tokens": summary["prompt_tokens"],
+        "output_tokens": summary["output_tokens"],
+        "kv": _kv(c, window_s),
         "transfer_share": {**share, "alert_share": alert_share,
-                           "alert": bool(shares) and share["p50"] > alert_share},
+                           "alert": bool(shares.size) and share["p50"] > alert_share},
     }
 
 
@@ -98,38 +181,38 @@ def mean(values: Iterable[float]) -> float:
     return sum(vals) / len(vals) if vals else 0.0
 
 
-def timeseries(records: list[RequestRecord], window_s: float, step_s: float, now: float
-               ) -> list[dict[str, Any]]:
+def timeseries(records: Columns | list[RequestRecord], window_s: float, step_s: float,
+               now: float) -> list[dict[str, Any]]:
     """Per-``step_s`` buckets over the last ``window_s`` seconds, oldest first: request rate,
     paths, errors, TTFT percentiles, mean TTFT parts (for stacking) and KV bandwidth."""
+    c = _as_columns(records)
     n = max(1, math.ceil(window_s / step_s))
     start = now - n * step_s
-    buckets: list[list[RequestRecord]] = [[] for _ in range(n)]
-    for r in records:
-        k = int((r.started_at - start) // step_s)
-        if 0 <= k < n:
-            buckets[k].append(r)
-    return [_bucket(start + k * step_s, step_s, b) for k, b in enumerate(buckets)]
+    k = np.floor((c.col("started_at") - start) / step_s).astype(int)
+    order = np.argsort(k, kind="stable")
+    k = k[order]
+    bounds = np.searchsorted(k, np.arange(n + 1), side="left")
+    return [_bucket(start + b * step_s, step_s, c.select(order[bounds[b]:bounds[b + 1]]))
+            for b in range(n)]
 
 
-def _bucket(t: float, step_s: float, records: list[RequestRecord]) -> dict[str, Any]:
-    ok = [r for r in records if r.status == "ok"]
-    disagg = [r for r in ok if r.path is RequestPath.DISAGGREGATED]
-    ttft = percentiles([r.ttft_ms for r in ok])
-    kv_bytes = sum(r.kv_bytes for r in disagg)
-    kv_ms = sum(r.transfer_ms for r in disagg)
+def _bucket(t: float, step_s: float, c: Columns) -> dict[str, Any]:
+    ok = c.select(c.ok)
+    ttft = percentiles(ok.col("ttft_ms"))
+    n_disagg = int(ok.disagg.sum())
+    kv = _kv(c, step_s)
     return {
         "t": t,
-        "requests": len(records),
-        "rate": len(records) / step_s,
+        "requests": len(c),
+        "rate": len(c) / step_s,
         "ok": len(ok),
-        "errors": len(records) - len(ok),
-        "disaggregated": len(disagg),
-        "colocated": len(ok) - len(disagg),
-        "ttft_ms": {k: ttft[k] for k in ("p50", "p90", "p99", "mean")},
-        "parts_mean_ms": {c.removesuffix("_ms"): mean(getattr(r, c) for r in ok)
-                          for c in COMPONENTS},
-        "kv_bytes": kv_bytes,
-        "kv_bytes_per_s": kv_bytes / step_s,
-        "transfer_gbps": (kv_bytes / 1e9) / (kv_ms / 1e3) if kv_ms > 0 else 0.0,
+        "errors": len(c) - len(ok),
+        "disaggregated": n_disagg,
+        "colocated": len(ok) - n_disagg,
+        "ttft_ms": {q: ttft[q] for q in ("p50", "p90", "p99", "mean")},
+        "parts_mean_ms": {f.removesuffix("_ms"): float(ok.col(f).mean()) if len(ok) else 0.0
+                          for f in COMPONENTS},
+        "kv_bytes": kv["bytes"],
+        "kv_bytes_per_s": kv["bytes_per_s"],
+        "transfer_gbps": kv["transfer_gbps"],
     }

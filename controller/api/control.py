@@ -156,8 +156,7 @@ def pool_utilization(st: AppState) -> dict[str, Any]:
 @router.get("/stats")
 def get_stats(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 60.0
               ) -> dict[str, Any]:
-    records = st.requests.window(window_s)
-    out = stats(records, window_s, st.cluster.routing.transfer_alert_share)
+    out = stats(st.requests.columns(window_s), window_s, st.cluster.routing.transfer_alert_share)
     out["pools"] = pool_utilization(st)
     out["total_requests"] = st.requests.total
     return out
@@ -170,7 +169,7 @@ def get_timeseries(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)]
         raise InvalidChange("window_s / step_s must be at most 2000 buckets")
     now = time.time()
     return {"window_s": window_s, "step_s": step_s, "now": now,
-            "buckets": timeseries(st.requests.window(window_s, now), window_s, step_s, now)}
+            "buckets": timeseries(st.requests.columns(window_s, now), window_s, step_s, now)}
 
 
 @router.get("/advisor")
