@@ -27,7 +27,7 @@ from controller.store import Store
 
 log = logging.getLogger("pdctl.cluster")
 
-RETAIN_TERMINAL_S = 120.0
+RETAIN_TERMINAL_S = 600.0  # failed/stopped instances stay visible this long
 SUSPECT_S = 2.0
 MAX_BACKOFF_S = 30.0
 LOAD_SERIES = {

@@ -85,13 +85,6 @@ def test_lab_sim_starts_prints_and_stops_everything(tmp_path: Path) -> None:
             proc.wait()
 
 
-def test_lab_default_backend_explains_what_is_missing(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "controller.cli", "lab", "--state-dir",
-                          str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2
-    assert "--backend sim" in out.stderr
-
-
 def engine(port: int, role: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "controller.engines.sim", "--port", str(port), "--role", role,
