@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 
-.PHONY: lab test lint typecheck unit integration bench-router browser clean
+.PHONY: lab test lint typecheck unit integration bench-router browser prometheus clean
 
 LAB_MODEL := lab-model
 
@@ -22,9 +22,10 @@ $(LAB_MODEL)/model.safetensors: | $(STAMP)
 
 # The real lab: vLLM (CPU build) prefill + decode on this machine, KV over NIXL.
 lab: $(STAMP) $(LAB_MODEL)/model.safetensors
+	@$(MAKE) --no-print-directory prometheus || echo "(the lab runs without Prometheus)"
 	$(BIN)/pdctl lab --model-dir $(LAB_MODEL)
 
-test: lint typecheck browser
+test: lint typecheck browser prometheus
 	$(BIN)/pytest
 
 # The console's browser test drives Debian's Chromium (Playwright without its own browsers).
@@ -32,6 +33,14 @@ browser:
 	@command -v chromium >/dev/null || { \
 	  [ "$$(id -u)" = 0 ] || { echo "install Debian's chromium (needs root)"; exit 1; }; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
+# Prometheus and promtool for the lab and tests/prometheus: Debian's package (2.42), not a
+# downloaded binary. `make lab` runs without it when it cannot be installed (not root).
+prometheus:
+	@{ command -v prometheus && command -v promtool; } >/dev/null || { \
+	  [ "$$(id -u)" = 0 ] || { echo "install Debian's prometheus (needs root)"; exit 1; }; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends prometheus; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check controller dashboard tests scripts

@@ -139,6 +139,16 @@ class ControllerSettings(Strict):
     request_buffer: int = Field(100_000, ge=100)
 
 
+class PrometheusSettings(Strict):
+    enabled: bool = Field(True, description="pdctl lab: start Prometheus when its binary is found")
+    binary: str = Field("prometheus", description="executable name or path")
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535, description="0: a free port")
+    scrape_interval_s: float = Field(2.0, ge=0.5, le=60, description="also the scrape timeout")
+    retention: str = Field("6h", pattern=r"^[0-9]+(ms|s|m|h|d|w|y)$",
+                           description="--storage.tsdb.retention.time; data in STATE_DIR")
+
+
 class Settings(BaseSettings):
     """The whole configuration."""
 
@@ -154,6 +164,7 @@ class Settings(BaseSettings):
     sim: SimSettings = Field(default_factory=SimSettings)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
+    prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -13,6 +13,7 @@ from typing import Any
 
 import uvicorn
 
+from controller import prometheus
 from controller.api import create_app
 from controller.api.state import AppState
 from controller.config import Settings, deep_merge, load_settings
@@ -62,6 +63,10 @@ def add_lab_parser(sub: SubParsers) -> None:
     p.add_argument("--no-dashboard", action="store_true", help="do not start the console")
     p.add_argument("--dashboard-port", type=int, default=console.DEFAULT_PORT,
                    help=f"console port (default {console.DEFAULT_PORT})")
+    p.add_argument("--no-prometheus", action="store_true",
+                   help="do not start Prometheus (started when its binary is on PATH)")
+    p.add_argument("--prometheus-port", type=int, metavar="PORT",
+                   help="Prometheus port (default: a free one)")
     p.set_defaults(run=run_lab)
 
 
@@ -160,6 +165,13 @@ def lab_settings(args: argparse.Namespace) -> Settings:
     over["backend"] = args.backend
     if args.time_scale is not None:
         over["sim"] = {"time_scale": args.time_scale}
+    prom: dict[str, Any] = {}
+    if args.no_prometheus:
+        prom["enabled"] = False
+    if args.prometheus_port is not None:
+        prom["port"] = args.prometheus_port
+    if prom:
+        over["prometheus"] = prom
     return load_settings(args.config, **over)
 
 
@@ -195,7 +207,7 @@ def controller_url(st: AppState) -> str:
     return f"http://{host}:{cs.port}"
 
 
-def _banner(st: AppState, console_url: str | None) -> str:
+def _banner(st: AppState, console_url: str | None, prom: str) -> str:
     cs = st.settings.controller
     base = controller_url(st)
     t = st.cluster.targets
@@ -210,6 +222,7 @@ def _banner(st: AppState, console_url: str | None) -> str:
         f"  metrics      {base}/metrics",
         f"  API token    {(cs.state_dir / 'token').resolve()}",
         f"  console      {console_url or 'not started (--no-dashboard)'}",
+        f"  prometheus   {prom}",
         "  stop         Ctrl-C",
         "",
     ])
@@ -220,19 +233,43 @@ async def _lab_session(st: AppState, args: argparse.Namespace) -> None:
         _apply_lab_sizes(st, args)
     except InvalidChange as exc:
         print(f"pdctl lab: --prefill/--decode refused: {exc}", file=sys.stderr)
+    prom, prom_line = await start_lab_prometheus(st)
     proc = None
     console_url = None
     if not args.no_dashboard:
         url, state_dir = controller_url(st), st.settings.controller.state_dir
-        proc = spawn(console.streamlit_argv(url, state_dir, args.dashboard_port),
-                     state_dir / "logs" / "console.log", console.console_env(url, state_dir))
+        prom_url = prom.url if prom else None
+        proc = spawn(console.streamlit_argv(url, state_dir, args.dashboard_port,
+                                            prometheus_url=prom_url),
+                     state_dir / "logs" / "console.log",
+                     console.console_env(url, state_dir, prom_url))
         console_url = f"http://127.0.0.1:{args.dashboard_port}"
-    print(_banner(st, console_url), flush=True)
+    print(_banner(st, console_url, prom_line), flush=True)
     try:
         await report_progress(st)
     finally:
         if proc is not None:
             await stop_group(proc, 5.0)
+        if prom is not None:
+            await prom.stop()
+
+
+async def start_lab_prometheus(st: AppState) -> tuple[prometheus.PrometheusProc | None, str]:
+    """Prometheus scraping this controller and its engines, when its binary is here; and the
+    banner's line: its URL, or why it was not started."""
+    ps = st.settings.prometheus
+    why = prometheus.unavailable(ps)
+    if why is None:
+        target = controller_url(st).removeprefix("http://")
+        try:
+            prom = await prometheus.start(st.settings, target)
+        except prometheus.PrometheusError as exc:
+            why = f"failed to start: {exc}"
+        else:
+            return prom, (f"{prom.url}   (scrapes the controller and every engine every "
+                          f"{ps.scrape_interval_s:g} s; config {prom.config_path})")
+    print(f"pdctl lab: Prometheus skipped: {why}", file=sys.stderr, flush=True)
+    return None, f"not started: {why}"
 
 
 def progress_line(st: AppState) -> str | None:

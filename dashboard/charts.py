@@ -172,3 +172,41 @@ def transfer_by_link(sweep: pd.DataFrame, link: str, prompt_tokens: int) -> alt.
     marker = alt.Chart(pd.DataFrame({"prompt_tokens": [max(1, prompt_tokens)]})).mark_rule(
         color="#888", strokeDash=[4, 4]).encode(x="prompt_tokens:Q")
     return alt.LayerChart(layer=[lines, marker], height=HEIGHT + 60)
+
+
+def part_lines(parts: pd.DataFrame, title: str) -> alt.Chart:
+    """One line per TTFT part (e.g. each part's p99), not stacked: percentiles do not add."""
+    return alt.Chart(parts, height=HEIGHT).mark_line().encode(
+        x=TIME, y=alt.Y("ms:Q", title=title), color=_part_color(),
+        tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"), "part:N",
+                 alt.Tooltip("ms:Q", format=".2f")],
+    )
+
+
+def bandwidth_by_source(bw: pd.DataFrame, ceiling_gbps: float, link: str) -> alt.LayerChart:
+    """Achieved transfer bandwidth, as the engines' NIXL counters and the controller's
+    accounting see it, against the link's ceiling."""
+    lines = alt.Chart(bw).mark_line(point=True).encode(
+        x=TIME, y=alt.Y("gbps:Q", title="achieved GB/s", scale=alt.Scale(domainMin=0)),
+        color=alt.Color("source:N", legend=alt.Legend(orient="bottom")),
+        tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"), "source:N",
+                 alt.Tooltip("gbps:Q", format=".2f", title="GB/s")],
+    )
+    ceiling = pd.DataFrame({"gbps": [ceiling_gbps], "label": [f"{link} ceiling"]})
+    rule = alt.Chart(ceiling).mark_rule(color="#e45756", strokeDash=[6, 4]).encode(
+        y="gbps:Q", tooltip=["label:N", alt.Tooltip("gbps:Q", format=".1f")])
+    return alt.LayerChart(layer=[lines, rule], height=HEIGHT)
+
+
+ROLE_SCALE = alt.Scale(domain=["prefill", "decode"], range=["#4c78a8", "#f58518"])
+
+
+def load_lines(load: pd.DataFrame, metric: str) -> alt.Chart:
+    """One engine-load metric over time, a line per role."""
+    data = load[load["metric"] == metric]
+    return alt.Chart(data, height=HEIGHT - 60).mark_line().encode(
+        x=TIME, y=alt.Y("value:Q", title=metric),
+        color=alt.Color("role:N", scale=ROLE_SCALE, legend=alt.Legend(orient="bottom")),
+        tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"), "role:N",
+                 alt.Tooltip("value:Q", format=".2f")],
+    )

@@ -1,8 +1,9 @@
 """Where the console finds its controller: URL, state directory, API token, refresh interval.
 
 Read from the script's own arguments (``streamlit run app.py -- --controller URL --state-dir
-DIR``) first, then the environment (``PDCTL_URL``, ``PDCTL_STATE_DIR``, ``PDCTL_TOKEN``,
-``PDCTL_CONSOLE_REFRESH_S``), then the defaults. No Streamlit import.
+DIR --prometheus URL``) first, then the environment (``PDCTL_URL``, ``PDCTL_STATE_DIR``,
+``PDCTL_PROMETHEUS_URL``, ``PDCTL_TOKEN``, ``PDCTL_CONSOLE_REFRESH_S``), then the defaults.
+No Streamlit import.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class ConsoleConfig:
     state_dir: Path = DEFAULT_STATE_DIR
     env_token: str | None = None
     refresh_s: float = DEFAULT_REFRESH_S
+    prometheus_url: str | None = None  # time-series panels from Prometheus when set
 
     @property
     def token_path(self) -> Path:
@@ -53,6 +55,7 @@ def _script_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--controller")
     p.add_argument("--state-dir", type=Path)
+    p.add_argument("--prometheus")
     args, _ = p.parse_known_args(list(argv))
     return args
 
@@ -68,9 +71,11 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> ConsoleConfig:
     args = _script_args(argv)
     url = args.controller or env.get("PDCTL_URL") or DEFAULT_URL
     state_dir = args.state_dir or Path(env.get("PDCTL_STATE_DIR") or DEFAULT_STATE_DIR)
+    prom = args.prometheus or env.get("PDCTL_PROMETHEUS_URL") or None
     return ConsoleConfig(controller_url=url.rstrip("/"), state_dir=state_dir,
                          env_token=env.get("PDCTL_TOKEN") or None,
-                         refresh_s=_refresh(env.get("PDCTL_CONSOLE_REFRESH_S")))
+                         refresh_s=_refresh(env.get("PDCTL_CONSOLE_REFRESH_S")),
+                         prometheus_url=prom.rstrip("/") if prom else None)
 
 
 def current_config() -> ConsoleConfig:

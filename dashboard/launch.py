@@ -1,8 +1,9 @@
 """Starting the console: the Streamlit command line, its environment, and ``pdctl dashboard``.
 
 Streamlit runs headless, without usage statistics, file watcher or browser opening. The
-controller URL and state directory reach the app both as script arguments (after ``--``) and
-as environment variables (``PDCTL_URL``, ``PDCTL_STATE_DIR``); the token is read from
+controller URL, state directory and Prometheus URL (when there is one) reach the app both as
+script arguments (after ``--``) and as environment variables (``PDCTL_URL``,
+``PDCTL_STATE_DIR``, ``PDCTL_PROMETHEUS_URL``); the token is read from
 ``STATE_DIR/token`` or ``PDCTL_TOKEN`` by the app itself, on every refresh.
 """
 
@@ -23,9 +24,10 @@ DEFAULT_PORT = 8501
 SubParsers = Any  # argparse's _SubParsersAction is private
 
 
-def streamlit_argv(controller_url: str, state_dir: Path, port: int, host: str = "127.0.0.1"
-                   ) -> list[str]:
+def streamlit_argv(controller_url: str, state_dir: Path, port: int, host: str = "127.0.0.1",
+                   prometheus_url: str | None = None) -> list[str]:
     """The command that runs the console with this interpreter."""
+    prom = ["--prometheus", prometheus_url] if prometheus_url else []
     return [
         sys.executable, "-m", "streamlit", "run", str(APP),
         "--server.headless", "true",
@@ -38,18 +40,23 @@ def streamlit_argv(controller_url: str, state_dir: Path, port: int, host: str = 
         "--",
         "--controller", controller_url,
         "--state-dir", str(state_dir),
+        *prom,
     ]
 
 
-def console_env(controller_url: str, state_dir: Path) -> dict[str, str]:
+def console_env(controller_url: str, state_dir: Path, prometheus_url: str | None = None
+                ) -> dict[str, str]:
     """Environment variables the console reads (merge them over ``os.environ``)."""
-    return {
+    env = {
         "PDCTL_URL": controller_url,
         "PDCTL_STATE_DIR": str(state_dir),
         "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false",
         "STREAMLIT_SERVER_HEADLESS": "true",
         "STREAMLIT_SERVER_FILE_WATCHER_TYPE": "none",
     }
+    if prometheus_url:
+        env["PDCTL_PROMETHEUS_URL"] = prometheus_url
+    return env
 
 
 def add_dashboard_parser(sub: SubParsers) -> None:
@@ -62,6 +69,10 @@ def add_dashboard_parser(sub: SubParsers) -> None:
     p.add_argument("--state-dir", type=Path,
                    default=Path(os.environ.get("PDCTL_STATE_DIR") or DEFAULT_STATE_DIR),
                    help="the controller's state directory, for its token (default .pdctl)")
+    p.add_argument("--prometheus", default=os.environ.get("PDCTL_PROMETHEUS_URL") or None,
+                   metavar="URL", help="Prometheus for the time-series panels (env "
+                                       "PDCTL_PROMETHEUS_URL; default: none, the panels use "
+                                       "the controller's API)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT,
                    help=f"console port (default {DEFAULT_PORT})")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
@@ -71,11 +82,13 @@ def add_dashboard_parser(sub: SubParsers) -> None:
 def run_dashboard(args: argparse.Namespace) -> int:
     """Run Streamlit in the foreground until Ctrl-C or SIGTERM (then exit 0), or until it
     exits by itself (then its exit status, e.g. when the port is taken)."""
-    argv = streamlit_argv(args.controller, args.state_dir, args.port, args.host)
-    env = {**os.environ, **console_env(args.controller, args.state_dir)}
+    prom_url: str | None = getattr(args, "prometheus", None)
+    argv = streamlit_argv(args.controller, args.state_dir, args.port, args.host, prom_url)
+    env = {**os.environ, **console_env(args.controller, args.state_dir, prom_url)}
     source = "PDCTL_TOKEN" if os.environ.get("PDCTL_TOKEN") else args.state_dir / "token"
+    prom = f", Prometheus {prom_url}" if prom_url else ""
     print(f"console  http://{args.host}:{args.port}  (controller {args.controller}, token "
-          f"from {source})", flush=True)
+          f"from {source}{prom})", flush=True)
     proc = subprocess.Popen(argv, env=env)
     stopping = False
 

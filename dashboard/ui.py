@@ -1,8 +1,12 @@
-"""Streamlit glue shared by the pages: the client, cached reads, sidebar settings and how
-errors are explained. Pages import this; plain logic lives in frames/charts/changes/whatif."""
+"""Streamlit glue shared by the pages: the clients (controller, Prometheus), cached reads,
+sidebar settings and how errors are explained. Pages import this; plain logic lives in
+frames/charts/changes/whatif/prom."""
 
 from __future__ import annotations
 
+import math
+import time
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -10,9 +14,11 @@ import streamlit as st
 
 from dashboard.client import ApiError, ControllerClient, Json
 from dashboard.config import RECENT_LIMIT, ConsoleConfig, current_config, step_for
+from dashboard.prom import PromClient, PromError, Result, Window, fetch
 
 # Tests put a fake client / config here (``AppTest.session_state``) instead of a real one.
 CLIENT_KEY = "pdctl_client"
+PROM_KEY = "pdctl_prom"
 CONFIG_KEY = "pdctl_config"
 DOWN_KEY = "pdctl_down"
 WINDOWS = {"1 min": 60.0, "5 min": 300.0, "15 min": 900.0, "1 h": 3600.0}
@@ -100,9 +106,59 @@ def events(limit: int, kind: str | None) -> list[Json]:
     return _events(c.cache_key, limit, kind, c)
 
 
+# ---- Prometheus (optional): the time-series panels' source when configured ----------------
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _prom_for(url: str) -> PromClient:
+    return PromClient(url)
+
+
+def prom() -> PromClient | None:
+    """The configured Prometheus, or None: the panels then use the controller's API."""
+    injected = st.session_state.get(PROM_KEY)
+    if isinstance(injected, PromClient):
+        return injected
+    url = config().prometheus_url
+    return _prom_for(url) if url else None
+
+
+@st.cache_data(ttl=CACHE_TTL_S, max_entries=64, show_spinner=False)
+def _prom_range(key: str, name: str, end: float, window_s: float, step_s: float,
+                _c: PromClient) -> Result:
+    return fetch(_c, name, Window(end, window_s, step_s))
+
+
+def prom_window(window_s: float) -> Window:
+    """The window's range query, its end on a step boundary so that every card of one refresh
+    asks the same question (and shares the cached answer)."""
+    step = step_for(window_s)
+    return Window(math.floor(time.time() / step) * step, window_s, step)
+
+
+def prom_results(names: Sequence[str], window_s: float) -> dict[str, Result] | None:
+    """The named queries over the window, or None when no Prometheus is configured or it
+    failed (then a short warning says so and the card shows the controller's figures)."""
+    c = prom()
+    if c is None:
+        return None
+    w = prom_window(window_s)
+    try:
+        return {n: _prom_range(c.cache_key, n, w.end, w.window_s, w.step_s, c) for n in names}
+    except PromError as exc:
+        st.warning(f"Prometheus at {exc.url} did not answer ({exc.detail}); showing the "
+                   "controller's own figures instead.", icon=":material/cloud_off:")
+        return None
+
+
+def prom_caption(what: str, window_s: float) -> str:
+    c = prom()
+    return (f"{what} · Prometheus `{c.url if c else ''}`, rate window "
+            f"{prom_window(window_s).rate}, step {step_for(window_s):g} s")
+
+
 def forget_reads() -> None:
     """After a change: the next read must show it."""
-    for fn in (_cluster, _stats, _timeseries, _requests, _advisor, _events):
+    for fn in (_cluster, _stats, _timeseries, _requests, _advisor, _events, _prom_range):
         fn.clear()
 
 
@@ -124,7 +180,10 @@ def sidebar() -> None:
                      help="time window of the statistics and charts")
         st.toggle("Live", value=True, key="pdctl_live",
                   help=f"refresh the live cards every {cfg.refresh_s:g} s")
-        st.caption(f"controller `{cfg.controller_url}`  \nrefresh every {cfg.refresh_s:g} s")
+        series = (f"Prometheus `{cfg.prometheus_url}`" if cfg.prometheus_url
+                  else "the controller's API")
+        st.caption(f"controller `{cfg.controller_url}`  \ntime series from {series}  \n"
+                   f"refresh every {cfg.refresh_s:g} s")
 
 
 # ---- errors --------------------------------------------------------------------------------

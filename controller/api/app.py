@@ -1,7 +1,7 @@
 """``create_app``: builds one controller (store, launcher, cluster, router) and its routes.
 
-The lifespan starts the reconcile and load-polling loops and, on the way out, stops every
-instance the controller started.
+The lifespan starts the reconcile and load-polling loops and the writer of Prometheus's engine
+targets file and, on the way out, stops every instance the controller started.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from controller import prometheus
 from controller.api import control, data
 from controller.api.state import AppState
 from controller.cluster import Cluster
@@ -92,8 +93,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     st: AppState = app.state.pdctl
     st.store.record("controller", "controller.start", "controller", None,
                     {"backend": st.settings.backend, "model": st.settings.model.name})
+    sd_file = prometheus.targets_path(st.settings.controller.state_dir)
     tasks = [asyncio.create_task(st.cluster.run()),
-             asyncio.create_task(st.cluster.run_load_poller())]
+             asyncio.create_task(st.cluster.run_load_poller()),
+             asyncio.create_task(prometheus.keep_targets(st.cluster, sd_file,
+                                                         st.settings.controller.tick_s))]
     try:
         yield
     finally:
@@ -101,6 +105,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await st.cluster.shutdown()
+        prometheus.clear_targets(sd_file)
         await st.client.aclose()
         await st.cluster.client.aclose()
         st.store.record("controller", "controller.stop", "controller")

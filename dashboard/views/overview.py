@@ -1,11 +1,12 @@
 """Overview: live TTFT broken into its parts, request rate, disaggregated vs colocated share,
-and the alert when KV transfer takes more than the configured share of TTFT."""
+and the alert when KV transfer takes more than the configured share of TTFT. The time series
+come from Prometheus when the console has one, else from the controller's API."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, frames, ui
+from dashboard import charts, frames, prom, ui
 from dashboard.client import ApiError
 
 window = ui.window_s()
@@ -58,9 +59,16 @@ def recent() -> None:
     st.altair_chart(charts.ttft_recent(frames.parts_long(df)), width="stretch")
 
 
+TTFT_QUERIES = ("part_mean", "part_p99", *(f"ttft_{p}" for p in frames.PERCENTILES))
+
+
 @st.fragment(run_every=ui.run_every())
 def over_time() -> None:
     st.subheader("TTFT over time")
+    res = ui.prom_results(TTFT_QUERIES, window)
+    if res is not None:
+        prom_over_time(res)
+        return
     try:
         ts = frames.timeseries_frame(ui.timeseries(window))
     except ApiError as exc:
@@ -73,18 +81,34 @@ def over_time() -> None:
     right.altair_chart(charts.ttft_percentiles(frames.ts_percentiles_long(ts)), width="stretch")
 
 
+def prom_over_time(res: dict[str, prom.Result]) -> None:
+    left, right = st.columns(2)
+    left.caption(ui.prom_caption("Mean of each part (`pdctl_ttft_component_seconds`)", window))
+    left.altair_chart(charts.ttft_parts_over_time(prom.parts_frame(res["part_mean"])),
+                      width="stretch")
+    right.caption(ui.prom_caption("TTFT percentiles (`pdctl_ttft_seconds`)", window))
+    right.altair_chart(charts.ttft_percentiles(prom.percentiles_frame(res)), width="stretch")
+    st.caption(ui.prom_caption("p99 of each TTFT part (`histogram_quantile`, bucket "
+                               "resolution)", window))
+    st.altair_chart(charts.part_lines(prom.parts_frame(res["part_p99"]), "p99 (ms)"),
+                    width="stretch")
+
+
 @st.fragment(run_every=ui.run_every())
 def traffic() -> None:
     st.subheader("Traffic")
+    res = ui.prom_results(("request_rate",), window)
     try:
-        ts = frames.timeseries_frame(ui.timeseries(window))
+        rate = (prom.rate_frame(res["request_rate"]) if res is not None
+                else frames.ts_rate_long(frames.timeseries_frame(ui.timeseries(window))))
         s = ui.stats(window)
     except ApiError as exc:
         ui.card_error(exc)
         return
     left, right = st.columns([2, 1])
-    left.caption("Requests per second by path")
-    left.altair_chart(charts.request_rate(frames.ts_rate_long(ts)), width="stretch")
+    left.caption(ui.prom_caption("Requests per second by path (`pdctl_requests_total`)", window)
+                 if res is not None else "Requests per second by path")
+    left.altair_chart(charts.request_rate(rate), width="stretch")
     right.caption("Disaggregated vs colocated in the window")
     right.altair_chart(charts.path_share(frames.path_share(s)), width="stretch")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, frames, ui
+from dashboard import charts, frames, prom, ui
 from dashboard.client import ApiError
 
 GRID_CHOICES = {"KV cache usage": "kv_cache_usage", "running": "running",
@@ -93,5 +93,27 @@ def table() -> None:
     st.caption(f"{len(shown)} of {len(inst)} instances")
 
 
+LOAD_QUERIES = tuple(prom.LOAD_METRICS)
+
+
+@st.fragment(run_every=ui.run_every())
+def load_over_time() -> None:
+    """Only with Prometheus: the engines' own load series, summed per role."""
+    if ui.prom() is None:
+        return
+    window = ui.window_s()
+    st.subheader("Engine load over time")
+    res = ui.prom_results(LOAD_QUERIES, window)
+    if res is None:
+        return
+    st.caption(ui.prom_caption("`vllm:num_requests_running`, `vllm:num_requests_waiting` "
+                               "(sum per role), `vllm:kv_cache_usage_perc` (mean per role)",
+                               window))
+    load = prom.load_frame(res)
+    for col, metric in zip(st.columns(3), prom.LOAD_METRICS.values(), strict=True):
+        col.altair_chart(charts.load_lines(load, metric), width="stretch")
+
+
 overview()
+load_over_time()
 table()

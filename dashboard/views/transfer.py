@@ -1,12 +1,16 @@
 """Transfer: KV bytes moved per second, bytes per request against prompt length, and the
-bandwidth achieved during transfers against the KV link's ceiling."""
+bandwidth achieved during transfers against the KV link's ceiling. The time series come from
+Prometheus when the console has one (the engines' NIXL counters too), else from the
+controller's API."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import streamlit as st
 
 from controller import profiles
-from dashboard import charts, frames, ui, whatif
+from dashboard import charts, frames, prom, ui, whatif
 from dashboard.client import ApiError, Json
 
 SCATTER_LIMIT = 500
@@ -46,19 +50,41 @@ def headline() -> None:
     ui.transfer_alert(s["transfer_share"])
 
 
+TRANSFER_QUERIES = ("kv_bytes_rate", "nixl_gbps", "accounted_gbps")
+
+
 @st.fragment(run_every=ui.run_every())
 def over_time() -> None:
+    res = ui.prom_results(TRANSFER_QUERIES, window)
     try:
-        ts, cl = frames.timeseries_frame(ui.timeseries(window)), ui.cluster()
+        cl = ui.cluster()
+        ts = None if res is not None else frames.timeseries_frame(ui.timeseries(window))
     except ApiError as exc:
         ui.card_error(exc)
         return
     link, ceiling = link_of(cl)
     left, right = st.columns(2)
     left.subheader("KV moved per second")
-    left.altair_chart(charts.kv_throughput(ts), width="stretch")
     right.subheader("Achieved bandwidth vs link ceiling")
-    right.altair_chart(charts.achieved_bandwidth(ts, ceiling or 0.0, link), width="stretch")
+    if res is not None:
+        prom_over_time(left, right, res, link, ceiling or 0.0)
+    elif ts is not None:
+        left.altair_chart(charts.kv_throughput(ts), width="stretch")
+        right.altair_chart(charts.achieved_bandwidth(ts, ceiling or 0.0, link),
+                           width="stretch")
+
+
+def prom_over_time(left: Any, right: Any, res: dict[str, prom.Result], link: str,
+                   ceiling: float) -> None:
+    step = ui.prom_window(window).step_s
+    left.caption(ui.prom_caption("`pdctl_kv_transfer_bytes_total`", window))
+    left.altair_chart(charts.kv_throughput(prom.kv_frame(res["kv_bytes_rate"], step)),
+                      width="stretch")
+    right.caption(ui.prom_caption("`vllm:nixl_bytes_transferred` / "
+                                  "`vllm:nixl_xfer_time_seconds` on the engines; the "
+                                  "controller's KV bytes / accounted transfer time", window))
+    bw = prom.bandwidth_frame(res["nixl_gbps"], res["accounted_gbps"])
+    right.altair_chart(charts.bandwidth_by_source(bw, ceiling, link), width="stretch")
 
 
 @st.fragment(run_every=ui.run_every())

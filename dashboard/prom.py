@@ -1,0 +1,205 @@
+"""The console's time series from Prometheus: the PromQL of every panel (the Grafana dashboard
+uses the same expressions), range queries through ``prometheus-api-client``, and frames shaped
+like ``dashboard.frames``'s so the same chart builders draw them. No Streamlit here.
+
+Each expression has a ``{rate}`` placeholder for its rate window (Grafana's
+``$__rate_interval``); the console uses ``rate_window(step)``: at least ``PROM_RATE_MIN_S``
+(enough samples at the lab's 2 s scrape interval) and two query steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pandas as pd
+import requests
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from urllib3.util.retry import Retry
+
+from dashboard.frames import PART_LABELS, PERCENTILES
+
+Result = list[dict[str, Any]]
+PROM_RATE_MIN_S = 10.0
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+
+
+def _ttft_quantile(q: float) -> str:
+    return f"histogram_quantile({q}, sum by (le) (rate(pdctl_ttft_seconds_bucket[{{rate}}])))"
+
+
+QUERIES: dict[str, str] = {
+    "request_rate": "sum by (path, status) (rate(pdctl_requests_total[{rate}]))",
+    **{f"ttft_{p}": _ttft_quantile(q) for p, q in QUANTILES.items()},
+    "part_mean": "sum by (component) (rate(pdctl_ttft_component_seconds_sum[{rate}])) / "
+                 "sum by (component) (rate(pdctl_ttft_component_seconds_count[{rate}]))",
+    "part_p99": "histogram_quantile(0.99, sum by (component, le) "
+                "(rate(pdctl_ttft_component_seconds_bucket[{rate}])))",
+    "kv_bytes_rate": "sum(rate(pdctl_kv_transfer_bytes_total[{rate}]))",
+    "nixl_gbps": "sum(rate(vllm:nixl_bytes_transferred_sum[{rate}])) / "
+                 "sum(rate(vllm:nixl_xfer_time_seconds_sum[{rate}])) / 1e9",
+    "accounted_gbps": "sum(rate(pdctl_kv_transfer_bytes_total[{rate}])) / "
+                      "sum(rate(pdctl_kv_transfer_seconds_sum[{rate}])) / 1e9",
+    "engine_running": "sum by (role) (vllm:num_requests_running)",
+    "engine_waiting": "sum by (role) (vllm:num_requests_waiting)",
+    "engine_kv_usage": "avg by (role) (vllm:kv_cache_usage_perc)",
+}
+
+
+def expr(name: str, rate: str) -> str:
+    """The PromQL of query ``name`` with its rate window (``"10s"``, ``"$__rate_interval"``)."""
+    return QUERIES[name].replace("{rate}", rate)
+
+
+def duration(seconds: float) -> str:
+    return f"{max(1, math.ceil(seconds))}s"
+
+
+def rate_window(step_s: float) -> str:
+    return duration(max(PROM_RATE_MIN_S, 2 * step_s))
+
+
+class PromError(Exception):
+    """A Prometheus query that did not succeed: unreachable, or refused with a reason."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        super().__init__(f"{url}: {detail}")
+        self.url = url
+        self.detail = detail
+
+
+class PromClient:
+    """One Prometheus. ``adapter`` lets tests put a fake Prometheus behind it."""
+
+    def __init__(self, url: str, timeout_s: float = 5.0,
+                 adapter: requests.adapters.BaseAdapter | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.cache_key = self.url
+        session = requests.Session()
+        # No retries: a live card refreshes every few seconds anyway.
+        self._conn = PrometheusConnect(self.url, session=session, retry=Retry(total=0),
+                                       timeout=int(math.ceil(timeout_s)))
+        if adapter is not None:
+            session.mount(self.url, adapter)
+            self.cache_key = f"{self.url}#{id(adapter):x}"
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def range(self, query: str, start: float, end: float, step_s: float) -> Result:
+        """``query_range`` from ``start`` to ``end`` (Unix seconds) every ``step_s``."""
+        t0, t1 = (datetime.fromtimestamp(t, tz=UTC) for t in (start, end))
+        return self._call(lambda: self._conn.custom_query_range(query, t0, t1,
+                                                                step=duration(step_s)))
+
+    def instant(self, query: str) -> Result:
+        return self._call(lambda: self._conn.custom_query(query))
+
+    def _call(self, fn: Callable[[], Any]) -> Result:
+        try:
+            result = fn()
+        except requests.RequestException as exc:
+            raise PromError(self.url, f"{type(exc).__name__}: {exc}") from None
+        except (PrometheusApiClientException, ValueError, KeyError) as exc:
+            raise PromError(self.url, str(exc)[:300]) from None
+        return list(result)
+
+
+@dataclass(frozen=True)
+class Window:
+    """What a live card asks for: the last ``window_s`` seconds up to ``end``."""
+
+    end: float
+    window_s: float
+    step_s: float
+
+    @property
+    def start(self) -> float:
+        return self.end - self.window_s
+
+    @property
+    def rate(self) -> str:
+        return rate_window(self.step_s)
+
+
+def fetch(client: PromClient, name: str, w: Window) -> Result:
+    return client.range(expr(name, w.rate), w.start, w.end, w.step_s)
+
+
+# ---- results -> frames (pure) ---------------------------------------------------------------
+
+def long_frame(result: Result, label: str | None = None, scale: float = 1.0) -> pd.DataFrame:
+    """``time, key, value`` rows of a range result; ``key`` is the series' ``label`` value.
+    NaN points (no data in the rate window, 0/0) are dropped."""
+    rows = []
+    for series in result:
+        key = series.get("metric", {}).get(label, "") if label else ""
+        for t, v in series.get("values", []):
+            value = float(v)
+            if math.isfinite(value):
+                rows.append((float(t), key, value * scale))
+    df = pd.DataFrame(rows, columns=["t", "key", "value"])
+    df["time"] = pd.to_datetime(df["t"], unit="s", utc=True)
+    return df[["time", "key", "value"]]
+
+
+def percentiles_frame(results: dict[str, Result]) -> pd.DataFrame:
+    """TTFT percentile lines (``time, percentile, ms``) from the ``ttft_p*`` queries."""
+    parts = [long_frame(results[f"ttft_{p}"], scale=1e3).assign(percentile=p)
+             for p in PERCENTILES]
+    df = pd.concat(parts, ignore_index=True)
+    return df.rename(columns={"value": "ms"})[["time", "percentile", "ms"]]
+
+
+def parts_frame(result: Result) -> pd.DataFrame:
+    """Per TTFT part (``time, part, ms``), from ``part_mean`` or ``part_p99``."""
+    df = long_frame(result, "component", scale=1e3)
+    df = df[df["key"].isin(list(PART_LABELS))]
+    return pd.DataFrame({"time": df["time"], "part": df["key"].map(PART_LABELS),
+                         "ms": df["value"]}).reset_index(drop=True)
+
+
+def rate_frame(result: Result) -> pd.DataFrame:
+    """Requests per second by path (``time, path, per_s``); every non-ok status is an error."""
+    rows = []
+    for series in result:
+        m = series.get("metric", {})
+        path = m.get("path", "") if m.get("status") == "ok" else "errors"
+        one = long_frame([series])
+        rows.append(pd.DataFrame({"time": one["time"], "path": path, "per_s": one["value"]}))
+    if not rows:
+        return pd.DataFrame({"time": pd.Series(dtype="datetime64[ns, UTC]"),
+                             "path": pd.Series(dtype=str), "per_s": pd.Series(dtype=float)})
+    df = pd.concat(rows, ignore_index=True)
+    return df.groupby(["time", "path"], as_index=False)["per_s"].sum()
+
+
+def kv_frame(result: Result, step_s: float) -> pd.DataFrame:
+    """KV moved (``time, kv_gb_per_s, kv_bytes``; bytes per step) for ``charts.kv_throughput``."""
+    df = long_frame(result)
+    return pd.DataFrame({"time": df["time"], "kv_gb_per_s": df["value"] / 1e9,
+                         "kv_bytes": df["value"] * step_s})
+
+
+def bandwidth_frame(nixl: Result, accounted: Result) -> pd.DataFrame:
+    """Achieved transfer bandwidth (``time, source, gbps``): the engines' NIXL counters, and
+    the controller's accounted transfer time."""
+    a = long_frame(nixl).assign(source="engines (NIXL)")
+    b = long_frame(accounted).assign(source="controller (accounted)")
+    df = pd.concat([a, b], ignore_index=True)
+    return df.rename(columns={"value": "gbps"})[["time", "source", "gbps"]]
+
+
+LOAD_METRICS = {"engine_running": "running requests", "engine_waiting": "waiting requests",
+                "engine_kv_usage": "KV cache usage"}
+
+
+def load_frame(results: dict[str, Result]) -> pd.DataFrame:
+    """Engine load by role (``time, role, metric, value``)."""
+    parts = [long_frame(results[name], "role").assign(metric=title)
+             for name, title in LOAD_METRICS.items()]
+    df = pd.concat(parts, ignore_index=True).rename(columns={"key": "role"})
+    return df[["time", "role", "metric", "value"]]
