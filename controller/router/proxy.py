@@ -145,6 +145,7 @@ class Proxy:
     # ---- entry -----------------------------------------------------------------------
 
     def new_ctx(self, endpoint: str, raw: bytes, request_id: str | None) -> Ctx:
+        t0, started_at = time.perf_counter(), time.time()  # parsing and counting are in TTFT
         body = parse_body(raw)
         if endpoint.endswith("chat/completions") and not isinstance(body.get("messages"), list):
             raise BadRequest("'messages' must be a list")
@@ -152,7 +153,7 @@ class Proxy:
             raise BadRequest("'prompt' is required")
         return Ctx(rid=request_id or f"pdctl-{uuid.uuid4().hex}", endpoint=endpoint, body=body,
                    stream=bool(body.get("stream")), prompt_tokens=self.counter.count(body),
-                   t0=time.perf_counter(), started_at=time.time())
+                   t0=t0, started_at=started_at)
 
     async def open(self, ctx: Ctx) -> httpx.Response:
         """Run the prefill hop (when the path is disaggregated) and open the decode hop.
