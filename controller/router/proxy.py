@@ -11,6 +11,7 @@ before any byte has gone to the client.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -41,6 +42,7 @@ NULL_KV_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False,
                   "remote_engine_id": None, "remote_block_ids": None,
                   "remote_host": None, "remote_port": None}
 TAIL_BYTES = 16384
+RETRY_PAUSE_S = 0.5  # times the attempt number, before retrying decode instances that failed
 
 
 @dataclass
@@ -231,8 +233,14 @@ class Proxy:
         body, ctx.strip_usage = decode_body(ctx.body, kv_params)
         payload = json.dumps(body).encode()
         tried: set[str] = set()
-        for _ in range(self.cluster.routing.max_attempts):
+        for attempt in range(self.cluster.routing.max_attempts):
             inst = self.cluster.pick(Role.DECODE, tried)
+            if inst is None and tried:
+                # Every ready decode instance failed once. Nothing reached the client yet, so
+                # try them again after a pause rather than fail the request.
+                await asyncio.sleep(RETRY_PAUSE_S * attempt)
+                tried.clear()
+                inst = self.cluster.pick(Role.DECODE, tried)
             if inst is None:
                 break
             tried.add(inst.id)

@@ -181,6 +181,6 @@ def test_killed_prefill_engine_is_restarted_with_no_failed_requests(lab: Control
 
 
 def test_instance_log_is_reachable(lab: ControllerProc) -> None:
-    [d] = lab.get("/instances?role=decode&state=ready")
+    d = lab.get("/instances?role=decode&state=ready")[0]
     log = lab.get(f"/instances/{d['id']}/log?lines=200")["log"]
     assert "NixlConnector" in log or "nixl" in log.lower()
