@@ -106,13 +106,10 @@ class Cluster:
             self.store.put("desired", _targets_json(config))
             return config
         targets = {Role(r): PoolTarget(int(v["size"]), int(v["tp"])) for r, v in stored.items()}
+        hw = self.settings.hardware
         try:
-            for role, t in targets.items():
-                validation.check_tp(self.model, self.hw, self.settings.hardware.per_node,
-                                    t.tp, role)
-            validation.check_pairing(targets[Role.PREFILL].tp, targets[Role.DECODE].tp)
-            hw = self.settings.hardware
-            validation.check_capacity(targets, hw.per_node * hw.share, hw.nodes)
+            validation.check_targets(targets, model=self.model, hw=self.hw,
+                                     per_node=hw.per_node, nodes=hw.nodes, share=hw.share)
         except (InvalidChange, KeyError) as exc:
             self.store.record("controller", "desired.reset", "pools", _targets_json(targets),
                               _targets_json(config), f"stored pools invalid here: {exc}")

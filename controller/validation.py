@@ -71,8 +71,16 @@ def check_change(
     if role is Role.DECODE and new.size < 1:
         raise InvalidChange("the decode pool needs at least 1 instance: it serves every "
                             "request", "pools.decode.size")
-    check_tp(model, hw, per_node, new.tp, role)
     merged = {**targets, role: new}
-    check_pairing(merged[Role.PREFILL].tp, merged[Role.DECODE].tp)
-    check_capacity(merged, per_node * share, nodes)
+    check_targets(merged, model=model, hw=hw, per_node=per_node, nodes=nodes, share=share)
     return merged
+
+
+def check_targets(targets: dict[Role, PoolTarget], *, model: profiles.ModelProfile,
+                  hw: profiles.HardwareProfile, per_node: int, nodes: int, share: int = 1
+                  ) -> None:
+    """Every pool's TP, the prefill/decode TP pairing, and the capacity of the whole set."""
+    for role, target in targets.items():
+        check_tp(model, hw, per_node, target.tp, role)
+    check_pairing(targets[Role.PREFILL].tp, targets[Role.DECODE].tp)
+    check_capacity(targets, per_node * share, nodes)
