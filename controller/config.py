@@ -144,7 +144,11 @@ class PrometheusSettings(Strict):
     binary: str = Field("prometheus", description="executable name or path")
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535, description="0: a free port")
-    scrape_interval_s: float = Field(2.0, ge=0.5, le=60, description="also the scrape timeout")
+    scrape_interval_s: float = Field(
+        10.0, ge=0.5, le=60,
+        description="also the scrape timeout; Prometheus applies a change of the engine targets "
+                    "within ~6 s (its 5 s discovery throttle, then a 1 s reload), so at 10 s "
+                    "the active targets follow a pool change within one scrape interval")
     retention: str = Field("6h", pattern=r"^[0-9]+(ms|s|m|h|d|w|y)$",
                            description="--storage.tsdb.retention.time; data in STATE_DIR")
 

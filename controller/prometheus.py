@@ -6,8 +6,15 @@ Two jobs: ``pdctl-controller`` scrapes the controller's ``/metrics`` (a static t
 ``STATE_DIR/prometheus/engines.json`` (``file_sd_configs``). Every controller keeps that file
 equal to its ready and draining instances (``keep_targets``), each labelled with its
 ``instance`` id and ``role``; the file is replaced atomically, so Prometheus (which watches
-it with inotify) never reads half of it. Prometheus then applies a changed target set after
-its own discovery throttles (5 s each in the discovery and scrape managers of 2.x).
+it with inotify) never reads half of it.
+
+Prometheus 2.x then applies a changed target set in two throttled steps: its discovery manager
+hands updates to the scrape manager at most every 5 s (a fixed ticker, not configurable in
+2.42), and the scrape manager reloads its targets on its own ticker, which ``argv`` shortens
+from the default 5 s to ``DISCOVERY_RELOAD`` (1 s; the hidden flag
+``--scrape.discovery-reload-interval``). Worst case from an instance's state change to the
+changed active targets: one reconcile tick to write the file, + 5 s, + 1 s, which the default
+10 s scrape interval bounds (``prometheus.scrape_interval_s``).
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ SD_FILE = "engines.json"
 CONFIG_FILE = "prometheus.yml"
 SERVING = frozenset({InstanceState.READY, InstanceState.DRAINING})
 SD_REFRESH = "5s"  # re-read period, a fallback where inotify misses changes (some bind mounts)
+DISCOVERY_RELOAD = "1s"  # the scrape manager's target reload ticker (Prometheus default: 5s)
 
 TargetGroup = dict[str, Any]
 
@@ -176,7 +184,7 @@ def unavailable(ps: PrometheusSettings) -> str | None:
 def argv(binary: str, config: Path, data_dir: Path, listen: str, retention: str) -> list[str]:
     return [binary, f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
             f"--storage.tsdb.retention.time={retention}", f"--web.listen-address={listen}",
-            "--log.level=warn"]
+            f"--scrape.discovery-reload-interval={DISCOVERY_RELOAD}", "--log.level=warn"]
 
 
 @dataclass

@@ -22,7 +22,7 @@ from tests.dashboard.fake_prom import PARTS, PROM_URL, FakePrometheus, query_nam
 def test_every_query_has_a_rate_window_or_none_needed() -> None:
     for name, template in prom.QUERIES.items():
         assert ("rate(" in template) == ("{rate}" in template), name
-        assert "{rate}" not in prom.expr(name, "10s")
+        assert "{rate}" not in prom.expr(name, "40s")
     assert prom.expr("kv_bytes_rate", "$__rate_interval") == (
         "sum(rate(pdctl_kv_transfer_bytes_total[$__rate_interval]))")
     assert "vllm:nixl_bytes_transferred_sum" in prom.QUERIES["nixl_gbps"]
@@ -30,8 +30,8 @@ def test_every_query_has_a_rate_window_or_none_needed() -> None:
     assert "histogram_quantile(0.99, sum by (component, le)" in prom.QUERIES["part_p99"]
 
 
-@pytest.mark.parametrize(("step", "window"), [(1.0, "10s"), (5.0, "10s"), (15.0, "30s"),
-                                              (60.0, "120s")])
+@pytest.mark.parametrize(("step", "window"), [(1.0, "40s"), (5.0, "40s"), (20.0, "40s"),
+                                              (30.0, "60s"), (60.0, "120s")])
 def test_rate_window_spans_enough_scrapes_and_two_steps(step: float, window: str) -> None:
     assert prom.rate_window(step) == window
 
@@ -84,12 +84,12 @@ def test_client_queries_ranges_and_explains_failures() -> None:
     got = prom.fetch(c, "part_p99", w)
     assert {s["metric"]["component"] for s in got} == set(PARTS)
     assert fake.ranges == [(1700.0, 2000.0, "5s")]
-    assert query_name(fake.queries[0]) == "part_p99" and "[10s]" in fake.queries[0]
+    assert query_name(fake.queries[0]) == "part_p99" and "[40s]" in fake.queries[0]
     with pytest.raises(prom.PromError, match="400.*unknown query"):
         c.range("up{", 0, 1, 1)
     fake.reachable = False
     with pytest.raises(prom.PromError) as err:
-        c.instant(prom.expr("engine_running", "10s"))
+        c.instant(prom.expr("engine_running", "40s"))
     assert err.value.url == PROM_URL and "ConnectionError" in err.value.detail
     assert len(fake.queries) == 2  # the refused call was not retried
 
@@ -182,7 +182,7 @@ def test_overview_time_series_come_from_prometheus(app: Any) -> None:
             "request_rate"} <= names
     assert None not in names
     assert len(at.get("vega_lite_chart")) == 6  # the API's five, plus p99 of each part
-    assert f"Prometheus `{PROM_URL}`, rate window 10s" in captions(at)
+    assert f"Prometheus `{PROM_URL}`, rate window 40s" in captions(at)
     assert "p99 (ms)" in specs(at)
     assert not at.warning and not at.error
     assert f"time series from Prometheus `{PROM_URL}`" in "\n".join(

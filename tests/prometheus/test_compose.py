@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from controller import prometheus
-from controller.config import load_settings
+from controller.config import PrometheusSettings, load_settings
 from dashboard import prom
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,6 +162,9 @@ def test_services_fit_together(name: str) -> None:
         assert set(deps) <= set(services)
     prom_svc = services["prometheus"]
     assert prom_svc["network_mode"] == "service:controller" and "ports" not in prom_svc
+    # Target changes applied within one scrape interval, as in the lab (controller/prometheus.py)
+    reload_flag = f"--scrape.discovery-reload-interval={prometheus.DISCOVERY_RELOAD}"
+    assert reload_flag in prom_svc["command"]
     ports = [p.split(":")[-1] for p in services["controller"]["ports"]]
     assert ports == ["8080", "9090"]
     # The controller's state volume, where it writes the targets file, is Prometheus's too.
@@ -194,7 +197,8 @@ def test_gpu_compose_reserves_gpus_and_runs_vllm_with_nixl() -> None:
 def test_compose_prometheus_config_is_the_generated_one(promtool: str) -> None:
     path = DOCKER / "prometheus" / "prometheus.yml"
     expected = prometheus.render_config("127.0.0.1:8080",
-                                        "/var/lib/pdctl/prometheus/engines.json", 2.0)
+                                        "/var/lib/pdctl/prometheus/engines.json",
+                                        PrometheusSettings().scrape_interval_s)
     assert yaml.safe_load(path.read_text()) == expected
     out = subprocess.run([promtool, "check", "config", str(path)], capture_output=True,
                          text=True, timeout=60)
@@ -216,7 +220,10 @@ def test_grafana_provisioning_points_at_the_dashboard_and_datasource() -> None:
     ds = yaml.safe_load((prov / "datasources" / "prometheus.yml").read_text())
     (source,) = ds["datasources"]
     assert (source["type"], source["url"]) == ("prometheus", "${PROMETHEUS_URL}")
-    assert source["jsonData"]["timeInterval"] == "2s"  # the scrape interval
+    interval = PrometheusSettings().scrape_interval_s
+    assert source["jsonData"]["timeInterval"] == f"{interval:g}s" == "10s"  # the scrape interval
+    # The console's shortest rate window is Grafana's $__rate_interval floor: 4 scrapes.
+    assert prom.PROM_RATE_MIN_S == 4 * interval
     providers = yaml.safe_load((prov / "dashboards" / "pdctl.yml").read_text())["providers"]
     assert providers[0]["options"]["path"] == "/etc/grafana/dashboards"
     for name in COMPOSE_FILES:

@@ -51,7 +51,7 @@ def test_lab_runs_prometheus_and_stops_it(tmp_path: Path, prometheus_bin: str) -
     output = Output(proc)
     try:
         out = output.wait_for("pools ready", 60)
-        m = re.search(r"^  prometheus   (http://127\.0\.0\.1:\d+) .*every 2 s", out, re.M)
+        m = re.search(r"^  prometheus   (http://127\.0\.0\.1:\d+) .*every 10 s", out, re.M)
         assert m, out
         url = m.group(1)
         assert str(state.resolve() / "prometheus" / "prometheus.yml") in out

@@ -39,12 +39,13 @@ from tests.prometheus.test_compose import grafana_exprs
 
 pytestmark = pytest.mark.slow
 
-INTERVAL_S = 2.0
+INTERVAL_S = 10.0  # the default (prometheus.scrape_interval_s), as the lab runs it
 # Prometheus 2.x hands discovered target changes to the scrape manager at most every 5 s
-# (discovery manager's update throttle, not configurable in 2.42): a changed target set shows
-# in /api/v1/targets 0-5 s after the file changes, whatever the scrape interval.
-SD_THROTTLE_S = 5.0
-SLACK_S = 2.0  # a busy 2-core CI machine
+# (discovery manager's update throttle, not configurable in 2.42), which applies them on its
+# next reload tick (1 s: controller.prometheus.DISCOVERY_RELOAD): a changed target set shows in
+# /api/v1/targets up to ~6 s after the file changes, whatever the scrape interval.
+SD_APPLY_S = 5.0 + 1.0
+SLACK_S = 2.0  # a busy 2-core CI machine; only in waits, never in the acceptance bounds
 PARTS = ("queue", "prefill", "transfer", "decode_sched", "overhead")
 
 
@@ -122,7 +123,7 @@ def loaded(lab: Lab) -> Lab:
 def test_prometheus_scrapes_the_controller_and_every_engine(lab: Lab) -> None:
     cluster = lab.ctl.get("/cluster")
     ids = {i["id"] for i in cluster["instances"] if i["state"] == "ready"}
-    wait_for(lambda: set(lab.active_engines()) == ids, SD_THROTTLE_S + 2 * INTERVAL_S + SLACK_S,
+    wait_for(lambda: set(lab.active_engines()) == ids, SD_APPLY_S + INTERVAL_S + SLACK_S,
              "the engine targets")
     wait_for(lambda: all(t["health"] == "up" for t in lab.active_engines().values()),
              2 * INTERVAL_S + SLACK_S, "the first engine scrapes")
@@ -186,12 +187,12 @@ def has_data(result: list[dict[str, Any]]) -> bool:
 
 def test_every_console_and_grafana_query_returns_data(loaded: Lab) -> None:
     """Over the load, at the console's step and rate window for a 1-minute view, and with
-    Grafana's ``$__rate_interval`` at its floor for the 2 s scrape (4 x 2 s)."""
+    Grafana's ``$__rate_interval`` at its floor for the 10 s scrape (4 x 10 s)."""
     start, end = loaded.load_started, loaded.load_ended + INTERVAL_S
     w = prom.Window(end, end - start, 1.0)
     empty = [name for name in prom.QUERIES if not has_data(prom.fetch(loaded.client, name, w))]
     assert empty == []
-    grafana = [e.replace("$__rate_interval", "8s") for e in grafana_exprs()]
+    grafana = [e.replace("$__rate_interval", "40s") for e in grafana_exprs()]
     assert "$" not in "".join(grafana)  # no other Grafana variable to fill in
     empty = [e for e in grafana if not has_data(loaded.client.range(e, start, end, 2.0))]
     assert empty == []
@@ -243,16 +244,23 @@ def new_decode(lab: Lab, before: set[str]) -> str:
     return ({i["id"] for i in lab.ctl.get("/instances?role=decode")} - before).pop()
 
 
+def check_delays(what: str, t_state: float, t_file: float, t_prom: float) -> None:
+    """The acceptance: Prometheus's active targets change within one scrape interval of the
+    instance's state change (the controller's file, within one interval too, comes first)."""
+    print(f"\n{what}: targets file {t_file - t_state:+.2f} s, Prometheus active targets "
+          f"{t_prom - t_state:+.2f} s after the state change (bound {INTERVAL_S:g} s)")
+    assert t_file - t_state <= INTERVAL_S
+    assert t_prom - t_state <= INTERVAL_S
+
+
 def test_scaling_a_pool_changes_prometheus_targets(lab: Lab) -> None:
-    """Up 1 -> 2 and down 2 -> 1: the controller rewrites the file within one scrape interval
-    of the instance's change; Prometheus's active targets follow within one scrape interval
-    plus its 5 s discovery throttle; the new target is scraped within one more interval."""
+    """Up 1 -> 2 and down 2 -> 1: Prometheus's active targets follow the instance's state
+    change (ready; stopped) within one scrape interval, and the controller rewrites the file
+    within one interval too; the new target is scraped within one more interval."""
     before = {i["id"] for i in lab.ctl.get("/instances?role=decode")}
     assert lab.ctl.api("PATCH", "/pools/decode", {"size": 2}).status_code == 200
     added = new_decode(lab, before)
-    t_state, t_file, t_prom = watch_change(lab, added, None, 60)
-    assert t_file - t_state <= INTERVAL_S
-    assert t_prom - t_file <= SD_THROTTLE_S + INTERVAL_S + SLACK_S
+    check_delays(f"scale up, {added} ready", *watch_change(lab, added, None, 60))
     wait_for(lambda: lab.active_engines()[added]["health"] == "up", 2 * INTERVAL_S + SLACK_S,
              f"the first scrape of {added}")
     lab.ctl.wait_converged()
@@ -265,8 +273,6 @@ def test_scaling_a_pool_changes_prometheus_targets(lab: Lab) -> None:
                  "a decode instance to drain")
         drained = {i["id"] for i in lab.ctl.get("/instances?role=decode&state=draining")}
     gone = drained.pop()
-    t_state, t_file, t_prom = watch_change(lab, None, gone, 90)
-    assert t_file - t_state <= INTERVAL_S
-    assert t_prom - t_file <= SD_THROTTLE_S + INTERVAL_S + SLACK_S
+    check_delays(f"scale down, {gone} stopped", *watch_change(lab, None, gone, 90))
     lab.ctl.wait_converged()
     assert set(lab.active_engines()) == lab.file_targets()

@@ -58,18 +58,21 @@ def test_targets_file_is_rewritten_only_on_change(tmp_path: Path) -> None:
     assert json.loads(path.read_text()) == []
 
 
-@pytest.mark.parametrize(("seconds", "text"), [(2.0, "2s"), (0.5, "500ms"), (1.25, "1250ms"),
-                                               (60, "60s")])
+@pytest.mark.parametrize(("seconds", "text"), [(10.0, "10s"), (2.0, "2s"), (0.5, "500ms"),
+                                               (1.25, "1250ms"), (60, "60s")])
 def test_duration(seconds: float, text: str) -> None:
     assert prometheus.duration(seconds) == text
 
 
 def test_generated_config_passes_promtool(tmp_path: Path, promtool: str) -> None:
-    path = prometheus.write_config(tmp_path, "127.0.0.1:8080", 2.0)
+    interval = PrometheusSettings().scrape_interval_s
+    assert interval == 10.0  # bounds Prometheus's target changes (controller/prometheus.py)
+    path = prometheus.write_config(tmp_path, "127.0.0.1:8080", interval)
     prometheus.write_json_atomic(prometheus.targets_path(tmp_path), prometheus.engine_targets(
         [inst("decode-1", S.READY, "http://127.0.0.1:9001")]))
     cfg = yaml.safe_load(path.read_text())
-    assert cfg["global"]["scrape_interval"] == cfg["global"]["scrape_timeout"] == "2s"
+    assert cfg["global"]["scrape_interval"] == cfg["global"]["scrape_timeout"] == "10s"
+    assert cfg["global"]["evaluation_interval"] == "10s"
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
     assert jobs["pdctl-controller"]["static_configs"] == [{"targets": ["127.0.0.1:8080"]}]
     assert jobs["pdctl-controller"]["honor_labels"] is True
@@ -106,7 +109,8 @@ def test_prometheus_argv_has_short_retention_under_the_state_dir(tmp_path: Path)
     assert argv == ["/usr/bin/prometheus", f"--config.file={tmp_path / 'p.yml'}",
                     f"--storage.tsdb.path={tmp_path / 'data'}",
                     "--storage.tsdb.retention.time=6h",
-                    "--web.listen-address=127.0.0.1:9999", "--log.level=warn"]
+                    "--web.listen-address=127.0.0.1:9999",
+                    "--scrape.discovery-reload-interval=1s", "--log.level=warn"]
 
 
 def lab_args(*extra: str) -> argparse.Namespace:
