@@ -18,6 +18,9 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
                 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 PART_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
                 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0)
+ROUTING_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                   0.1, 0.25, 1.0)
+PARTS = ("queue", "prefill", "transfer", "decode_sched", "overhead")
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
                0.3, 0.5, 1.0, 2.5)
 
@@ -77,6 +80,11 @@ class Metrics:
                                 registry=r)
         self.kv_seconds = Histogram("pdctl_kv_transfer_seconds", "KV transfer time per request",
                                     buckets=PART_BUCKETS, registry=r)
+        self.routing_decision = Histogram(
+            "pdctl_routing_decision_seconds",
+            "Request arrival to its first hop sent: parsing, token counting, instance choice",
+            buckets=ROUTING_BUCKETS, registry=r)
+        self._parts = [(f"{name}_ms", self.component.labels(name)) for name in PARTS]
 
     def attach(self, cluster: Cluster) -> None:
         self.registry.register(ClusterCollector(cluster))
@@ -86,8 +94,8 @@ class Metrics:
         if rec.status != "ok":
             return
         self.ttft.labels(rec.path.value).observe(rec.ttft_ms / 1e3)
-        for name in ("queue", "prefill", "transfer", "decode_sched", "overhead"):
-            self.component.labels(name).observe(getattr(rec, f"{name}_ms") / 1e3)
+        for attr, child in self._parts:
+            child.observe(getattr(rec, attr) / 1e3)
         if rec.itl_ms > 0:
             self.itl.observe(rec.itl_ms / 1e3)
         if rec.kv_bytes:

@@ -36,6 +36,7 @@ from controller.metrics import Metrics
 from controller.models import Role
 from controller.requests_log import RequestLog
 from controller.router.proxy import Proxy
+from controller.router.upstream import AiohttpUpstream
 from controller.store import Store
 from controller.tokens import make_counter
 
@@ -64,27 +65,18 @@ def make_launcher(settings: Settings) -> Launcher:
     return VllmLauncher(settings)
 
 
-def _data_client(settings: Settings) -> httpx.AsyncClient:
-    # Engines (uvicorn) close idle connections after 5 s; expire ours first so that a request
-    # is never written to a connection the engine is closing.
-    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024,
-                          keepalive_expiry=2.0)
-    timeout = httpx.Timeout(settings.routing.request_timeout_s, connect=5.0)
-    return httpx.AsyncClient(limits=limits, timeout=timeout)
-
-
 def build_state(settings: Settings, launcher: Launcher | None = None) -> AppState:
     state_dir = settings.controller.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
     store = Store(state_dir / "state.db")
-    client = _data_client(settings)
+    upstream = AiohttpUpstream(settings.routing.request_timeout_s)
     probe_client = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
     cluster = Cluster(settings, store, launcher or make_launcher(settings), probe_client)
     metrics = Metrics()
     metrics.attach(cluster)
     requests = RequestLog(settings.controller.request_buffer)
-    proxy = Proxy(cluster, client, make_counter(settings.model.path), requests, metrics)
-    return AppState(settings, store, cluster, proxy, requests, metrics, client,
+    proxy = Proxy(cluster, upstream, make_counter(settings.model.path), requests, metrics)
+    return AppState(settings, store, cluster, proxy, requests, metrics, upstream,
                     ensure_token(state_dir))
 
 
@@ -106,7 +98,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.gather(*tasks, return_exceptions=True)
         await st.cluster.shutdown()
         prometheus.clear_targets(sd_file)
-        await st.client.aclose()
+        await st.upstream.close()
         await st.cluster.client.aclose()
         st.store.record("controller", "controller.stop", "controller")
         st.store.close()
@@ -119,9 +111,17 @@ def _detail(exc: PdctlError) -> dict[str, Any]:
     return out
 
 
+class ControllerApp(FastAPI):
+    """FastAPI for the control API, with the data plane (``data.DataPlane``) outermost: the
+    inference routes skip every framework layer, error middleware included."""
+
+    def build_middleware_stack(self) -> data.ASGIApp:
+        return data.DataPlane(super().build_middleware_stack(), self.state.pdctl)
+
+
 def create_app(settings: Settings, launcher: Launcher | None = None) -> FastAPI:
-    app = FastAPI(title="pdctl controller", lifespan=lifespan, docs_url="/docs",
-                  redoc_url=None)
+    app = ControllerApp(title="pdctl controller", lifespan=lifespan, docs_url="/docs",
+                        redoc_url=None)
     app.state.pdctl = build_state(settings, launcher)
 
     @app.exception_handler(PdctlError)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import httpx
 from starlette.requests import Request
 
 from controller.cluster import Cluster
@@ -12,6 +11,7 @@ from controller.config import Settings
 from controller.metrics import Metrics
 from controller.requests_log import RequestLog
 from controller.router.proxy import Proxy
+from controller.router.upstream import Upstream
 from controller.store import Store
 
 
@@ -23,7 +23,7 @@ class AppState:
     proxy: Proxy
     requests: RequestLog
     metrics: Metrics
-    client: httpx.AsyncClient
+    upstream: Upstream
     token: str
 
 

@@ -19,8 +19,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from controller import profiles
 from controller.cluster import Cluster
 from controller.errors import (
@@ -34,6 +32,7 @@ from controller.metrics import Metrics
 from controller.models import Instance, RequestPath, RequestRecord, Role
 from controller.requests_log import RequestLog
 from controller.router.accounting import EngineTimes, Observation, breakdown
+from controller.router.upstream import Stream, Upstream, UpstreamError
 from controller.tokens import TokenCounter
 
 log = logging.getLogger("pdctl.router")
@@ -64,6 +63,8 @@ class Ctx:
     decode_sent: float = 0.0
     decode_open: bool = False  # a decode response is open and counted in its inflight
     first_at: float | None = None
+    routed: bool = False  # the first hop has been sent (routing decision observed)
+    finished: bool = False  # recorded by ``finish``
     retries: int = 0
     errors: list[str] = field(default_factory=list)
     strip_usage: bool = False  # the router asked for a usage chunk the client did not
@@ -114,16 +115,20 @@ def decode_body(body: dict[str, Any], kv_params: dict[str, Any] | None) -> tuple
     return {**out, "stream_options": {**extra, "include_usage": True}}, True
 
 
-EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
+EMPTY_CHOICES, EMPTY_CHOICES_SPACED = b'"choices":[]', b'"choices": []'
+
+
+def _empty_choices(event: bytes) -> bool:
+    return EMPTY_CHOICES in event or EMPTY_CHOICES_SPACED in event
 
 
 def _usage_only(event: bytes) -> bool:
-    return b'"usage"' in event and any(m in event for m in EMPTY_CHOICES)
+    return b'"usage"' in event and _empty_choices(event)
 
 
 def strip_usage_event(chunk: bytes) -> bytes:
     """Drop the usage-only SSE event (empty ``choices``) from a relayed chunk."""
-    if not any(m in chunk for m in EMPTY_CHOICES):
+    if not _empty_choices(chunk):
         return chunk
     return b"\n\n".join(e for e in chunk.split(b"\n\n") if not _usage_only(e))
 
@@ -133,10 +138,10 @@ def _is_kv_load_failure(body: bytes) -> bool:
 
 
 class Proxy:
-    def __init__(self, cluster: Cluster, client: httpx.AsyncClient, counter: TokenCounter,
+    def __init__(self, cluster: Cluster, upstream: Upstream, counter: TokenCounter,
                  requests: RequestLog, metrics: Metrics) -> None:
         self.cluster = cluster
-        self.client = client
+        self.upstream = upstream
         self.counter = counter
         self.requests = requests
         self.metrics = metrics
@@ -157,11 +162,11 @@ class Proxy:
                    stream=bool(body.get("stream")), prompt_tokens=self.counter.count(body),
                    t0=t0, started_at=started_at)
 
-    async def open(self, ctx: Ctx) -> httpx.Response:
+    async def open(self, ctx: Ctx) -> Stream:
         """Run the prefill hop (when the path is disaggregated) and open the decode hop.
 
-        Returns the decode engine's response with headers read and body not yet consumed;
-        the caller relays it and then calls ``finish``.
+        Returns the decode engine's response with status read and body not yet consumed;
+        the caller relays it, closes it and then calls ``finish``.
         """
         kv_params = None
         threshold = self.cluster.routing.disagg_min_prompt_tokens
@@ -187,6 +192,15 @@ class Proxy:
     def _headers(self, ctx: Ctx) -> dict[str, str]:
         return {"X-Request-Id": ctx.rid, "Content-Type": "application/json"}
 
+    def _sending(self, ctx: Ctx) -> float:
+        """Now; on the request's first hop also observe the routing decision's latency
+        (arrival to first hop sent: parsing, token counting, policy)."""
+        now = time.perf_counter()
+        if not ctx.routed:
+            ctx.routed = True
+            self.metrics.routing_decision.observe(now - ctx.t0)
+        return now
+
     async def _prefill(self, ctx: Ctx) -> PrefillDone | None:
         payload = json.dumps(prefill_body(ctx.body)).encode()
         tried: set[str] = set()
@@ -195,25 +209,29 @@ class Proxy:
             if inst is None:
                 break
             tried.add(inst.id)
-            sent = time.perf_counter()
+            sent = self._sending(ctx)
             inst.inflight += 1
             try:
-                r = await self.client.post(f"{inst.url}{ctx.endpoint}", content=payload,
-                                           headers=self._headers(ctx))
-            except httpx.TransportError as exc:
+                r = await self.upstream.post(f"{inst.url}{ctx.endpoint}", payload,
+                                             self._headers(ctx))
+            except UpstreamError as exc:
                 self._unreachable(ctx, inst, exc)
                 continue
             finally:
                 inst.inflight -= 1
-            if r.status_code != 200:
-                ctx.errors.append(f"prefill {inst.id} answered {r.status_code}")
+            if r.status != 200:
+                ctx.errors.append(f"prefill {inst.id} answered {r.status}")
                 ctx.retries += 1
                 continue
-            data = r.json()
-            kv = data.get("kv_transfer_params")
+            try:
+                data = json.loads(r.body)
+            except ValueError:
+                data = None
+            kv = data.get("kv_transfer_params") if isinstance(data, dict) else None
             if not isinstance(kv, dict):
                 ctx.errors.append(f"prefill {inst.id} returned no kv_transfer_params")
                 continue
+            assert isinstance(data, dict)
             ctx.prefill = inst
             ctx.prefill_times = EngineTimes.parse(data.get("metrics"))
             ctx.prefill_wall_ms = (time.perf_counter() - sent) * 1e3
@@ -223,13 +241,12 @@ class Proxy:
         return None
 
     def _unreachable(self, ctx: Ctx, inst: Instance, exc: Exception) -> None:
-        msg = f"{inst.id} unreachable: {type(exc).__name__}"
+        msg = f"{inst.id} unreachable: {exc}"
         ctx.errors.append(msg)
         ctx.retries += 1
         self.cluster.report_unreachable(inst, msg)
 
-    async def _open_decode(self, ctx: Ctx, kv_params: dict[str, Any] | None
-                           ) -> httpx.Response:
+    async def _open_decode(self, ctx: Ctx, kv_params: dict[str, Any] | None) -> Stream:
         body, ctx.strip_usage = decode_body(ctx.body, kv_params)
         payload = json.dumps(body).encode()
         tried: set[str] = set()
@@ -246,28 +263,31 @@ class Proxy:
             tried.add(inst.id)
             inst.inflight += 1
             ctx.decode = inst
-            ctx.decode_sent = time.perf_counter()
-            req = self.client.build_request("POST", f"{inst.url}{ctx.endpoint}",
-                                            content=payload, headers=self._headers(ctx))
+            ctx.decode_sent = self._sending(ctx)
             try:
-                resp = await self.client.send(req, stream=True)
-            except httpx.TransportError as exc:
+                resp = await self.upstream.open(f"{inst.url}{ctx.endpoint}", payload,
+                                                self._headers(ctx))
+            except UpstreamError as exc:
                 inst.inflight -= 1
                 self._unreachable(ctx, inst, exc)
                 continue
             except BaseException:
                 inst.inflight -= 1
                 raise
-            if resp.status_code < 500:
+            if resp.status < 500:
                 ctx.decode_open = True
                 return resp
-            text = await resp.aread()
-            await resp.aclose()
-            inst.inflight -= 1
+            try:
+                text = await resp.read()
+            except UpstreamError:
+                text = b""
+            finally:
+                resp.close()
+                inst.inflight -= 1
             if kv_params is not None and _is_kv_load_failure(text):
                 raise UpstreamFailed(f"decode {inst.id} could not load the KV cache",
-                                     resp.status_code, text, kv_load_failure=True)
-            ctx.errors.append(f"decode {inst.id} answered {resp.status_code}")
+                                     resp.status, text, kv_load_failure=True)
+            ctx.errors.append(f"decode {inst.id} answered {resp.status}")
             ctx.retries += 1
         if ctx.errors:
             raise UpstreamUnreachable("no decode instance could serve the request: "
@@ -280,6 +300,7 @@ class Proxy:
                error: str | None = None) -> RequestRecord:
         """Record the request; ``response`` is the final JSON (or last stream event)."""
         now = time.perf_counter()
+        ctx.finished = True
         if ctx.decode is not None and ctx.decode_open:
             ctx.decode.inflight -= 1
             ctx.decode_open = False

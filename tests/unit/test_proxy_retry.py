@@ -3,6 +3,7 @@ the request (nothing has reached the client yet)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import httpx
@@ -13,6 +14,7 @@ from controller.metrics import Metrics
 from controller.models import Instance, InstanceState, Role
 from controller.requests_log import RequestLog
 from controller.router.proxy import Proxy
+from controller.router.upstream import Reply, UpstreamError
 from controller.store import Store
 from controller.tokens import EstimatingCounter
 from tests.unit.test_cluster import FakeLauncher
@@ -26,20 +28,45 @@ async def test_single_decode_instance_is_retried_after_a_connect_timeout(tmp_pat
     cluster.instances["decode-1"] = Instance("decode-1", Role.DECODE, 2, "http://decode-1",
                                              state=InstanceState.READY)
     cluster._refresh_membership()
-    calls = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        calls.append(request.url.host)
-        if len(calls) == 1:
-            raise httpx.ConnectTimeout("slow accept", request=request)
-        return httpx.Response(200, json={"choices": [{"text": "ok"}]})
-
-    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    proxy = Proxy(cluster, client, EstimatingCounter(), RequestLog(100), Metrics())
+    upstream = FlakyEngine()
+    proxy = Proxy(cluster, upstream, EstimatingCounter(), RequestLog(100), Metrics())
     ctx = proxy.new_ctx("/v1/completions", b'{"prompt": "hi", "max_tokens": 2}', "r1")
     resp = await proxy.open(ctx)
-    assert resp.status_code == 200 and calls == ["decode-1", "decode-1"]
-    await resp.aclose()
+    assert resp.status == 200 and upstream.calls == ["http://decode-1/v1/completions"] * 2
+    assert await resp.read() == b'{"choices": [{"text": "ok"}]}'
+    resp.close()
     rec = proxy.finish(ctx, "ok", None)
     assert rec.retries == 1 and cluster.instances["decode-1"].inflight == 0
-    await client.aclose()
+
+
+class Answer:
+    status = 200
+    content_type = "application/json"
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        yield await self.read()
+
+    async def read(self) -> bytes:
+        return b'{"choices": [{"text": "ok"}]}'
+
+    def close(self) -> None:
+        pass
+
+
+class FlakyEngine:
+    """An upstream whose first connection attempt times out."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def post(self, url: str, payload: bytes, headers: Mapping[str, str]) -> Reply:
+        raise AssertionError("no prefill hop expected")
+
+    async def open(self, url: str, payload: bytes, headers: Mapping[str, str]) -> Answer:
+        self.calls.append(url)
+        if len(self.calls) == 1:
+            raise UpstreamError("ConnectionTimeoutError: slow accept")
+        return Answer()
+
+    async def close(self) -> None:
+        pass
