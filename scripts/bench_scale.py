@@ -70,6 +70,7 @@ MODEL = "llama-3-70b"
 HARDWARE = "h100-sxm"
 PREFILL_TP, DECODE_TP, PER_NODE = 4, 2, 8
 ROUTING_HIST = "pdctl_routing_decision_seconds"
+ERROR_SAMPLES: dict[str, list[str]] = {}  # first bodies of each non-200 status
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
          "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee "
          "zulu model token cache prefill decode router engine").split()
@@ -356,8 +357,10 @@ async def one(session: aiohttp.ClientSession, url: str, body: bytes, r: Req,
         async with session.post(url, data=body,
                                 headers={"content-type": "application/json"}) as resp:
             if resp.status != 200:
-                await resp.read()
+                text = (await resp.read())[:300].decode(errors="replace")
                 r.error = f"http {resp.status}"
+                if len(ERROR_SAMPLES.setdefault(r.error, [])) < 3:
+                    ERROR_SAMPLES[r.error].append(text)
                 return
             if not r.stream:
                 data = json.loads(await resp.read())
@@ -388,9 +391,14 @@ async def one(session: aiohttp.ClientSession, url: str, body: bytes, r: Req,
 
 
 async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, Any] | None:
+    """The controller's /metrics, parsed, with when it was asked for and answered (under
+    overload the answer can take seconds: the deltas then cover a shifted interval)."""
+    t_sent = time.monotonic()
     try:
         async with session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=30)) as r:
-            return parse_metrics(await r.text())
+            text = await r.text()
+        t_done = time.monotonic()
+        return {**parse_metrics(text), "t_sent": t_sent, "t_done": t_done}
     except (TimeoutError, aiohttp.ClientError):
         return None
 
@@ -538,6 +546,7 @@ def summarize(args: argparse.Namespace, run: LoadRun, idle: dict[str, Any]) -> d
         "achieved_rps": round(ok_done_in_window / dur, 1),
         "ok_of_window_arrivals": len(ok),
         "errors": errors,
+        "error_samples": ERROR_SAMPLES,
         "error_total": sum(errors.values()),
         "error_share": round(sum(errors.values()) / len(win), 4) if win else None,
         "client_ttft_ms_p50": _ms(pct(ttft, 0.5)), "client_ttft_ms_p99": _ms(pct(ttft, 0.99)),
@@ -558,11 +567,11 @@ def summarize(args: argparse.Namespace, run: LoadRun, idle: dict[str, Any]) -> d
         cli = b.client - a.client
         busy = b.system_busy - a.system_busy
         done = max(1, ok_done_in_window)
-        handled = 0
-        if len(run.scrapes) == 2 and run.scrapes[1] is not None:
-            b_req = run.scrapes[0]["requests"] if run.scrapes[0] else {}
-            after_req = run.scrapes[1]["requests"]
-            handled = int(sum(v - b_req.get(k, 0.0) for k, v in after_req.items()))
+        handled_rate = 0.0  # requests the controller recorded per second between scrapes
+        sa, sb = (run.scrapes + [None, None])[:2]
+        if sa is not None and sb is not None and sb["t_done"] > sa["t_done"]:
+            handled = sum(v - sa["requests"].get(k, 0.0) for k, v in sb["requests"].items())
+            handled_rate = handled / (sb["t_done"] - sa["t_done"])
         out["cpu"] = {
             "wall_s": round(wall, 2),
             "controller_cpu_ms_per_req_above_idle": round(
@@ -571,7 +580,8 @@ def summarize(args: argparse.Namespace, run: LoadRun, idle: dict[str, Any]) -> d
                 (eng / wall - idle.get("engines_cores", 0.0)) * wall * 1e3 / done, 2),
             "controller_cores": round(ctl / wall, 2),
             "controller_cpu_ms_per_req": round(ctl * 1e3 / done, 2),
-            "controller_cpu_ms_per_handled": round(ctl * 1e3 / handled, 2) if handled else None,
+            "controller_cpu_ms_per_handled": (round(ctl / wall * 1e3 / handled_rate, 2)
+                                              if handled_rate else None),
             "engines_cores": round(eng / wall, 2),
             # CPU of an engine that exited inside the window is lost (counted in "other")
             "engines_exited_in_window": len(set(a.engines) - set(b.engines)),
@@ -595,6 +605,11 @@ def summarize(args: argparse.Namespace, run: LoadRun, idle: dict[str, Any]) -> d
                                    "ms_p99": _ms(hist_quantile(d, 0.99)),
                                    "count": d.get(math.inf, 0.0)}
     if after is not None:
+        out["metrics_interval"] = {
+            "start_s": round(before["t_done"] - w0, 2) if before else None,
+            "end_s": round(after["t_done"] - w0, 2),
+            "scrape_latency_s": [round(x["t_done"] - x["t_sent"], 2) for x in (before, after)
+                                 if x is not None]}
         d = hist_delta(before["hists"].get("pdctl_ttft_seconds") if before else None,
                        after["hists"].get("pdctl_ttft_seconds", {}))
         out["controller_ttft_ms_p50"] = _ms(hist_quantile(d, 0.5))
@@ -640,6 +655,7 @@ def print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
                                       f"{s['achieved_rps']} req/s over {s['window_s']} s"),
         ("errors", f"{s['error_total']} of {s['arrivals_in_window']} "
                    f"({fmt(_pc(s['error_share']))}) {s['errors'] or ''}"),
+        *(("  sample", f"{k}: {v[0][:150]}") for k, v in s["error_samples"].items()),
         ("client TTFT p50 / p99", f"{fmt(s['client_ttft_ms_p50'])} / "
                                   f"{fmt(s['client_ttft_ms_p99'])} ms  "
                                   f"(streamed, n={s['streamed_ok']})"),
@@ -651,6 +667,7 @@ def print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
         ("controller TTFT parts (mean)", " ".join(
             f"{k.removesuffix('_ms')} {v}" for k, v in
             s.get("controller_ttft_parts_mean_ms", {}).items()) + " ms"),
+        ("metrics delta interval", _interval(s.get("metrics_interval"), s["window_s"])),
         ("routing decision p50 / p99", rd if isinstance(rd, str) else
          f"{fmt(rd['ms_p50'])} / {fmt(rd['ms_p99'])} ms (n={int(rd['count'])})"),
         ("controller CPU", f"{fmt(c.get('controller_cores'))} cores, "
@@ -684,6 +701,13 @@ def print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
     print()
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
+
+
+def _interval(mi: dict[str, Any] | None, window: float) -> str:
+    if not mi:
+        return "n/a (scrape failed)"
+    return (f"window +{fmt(mi['start_s'])} s .. +{mi['end_s']} s of a {window} s window "
+            f"(controller /metrics answered in {mi['scrape_latency_s']} s)")
 
 
 def _failures(lines: list[str]) -> str:
