@@ -760,7 +760,7 @@ def main() -> int:
                     help="client gives up on a request after this many seconds")
     ap.add_argument("--max-inflight", type=int, default=1000,
                     help="arrivals beyond this many open requests are dropped (counted)")
-    ap.add_argument("--start-timeout", type=float, default=300.0,
+    ap.add_argument("--start-timeout", type=float, default=180.0,
                     help="controller start_timeout_s per instance")
     ap.add_argument("--idle", type=float, default=5.0,
                     help="seconds of idle CPU measurement with the fleet ready, before load")
