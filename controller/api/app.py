@@ -35,8 +35,8 @@ from controller.launchers.vllm import VllmLauncher
 from controller.metrics import Metrics
 from controller.models import Role
 from controller.requests_log import RequestLog
+from controller.router.h1 import H1Upstream
 from controller.router.proxy import Proxy
-from controller.router.upstream import AiohttpUpstream
 from controller.store import Store
 from controller.tokens import make_counter
 
@@ -69,7 +69,7 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
     state_dir = settings.controller.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
     store = Store(state_dir / "state.db")
-    upstream = AiohttpUpstream(settings.routing.request_timeout_s)
+    upstream = H1Upstream(settings.routing.request_timeout_s)
     probe_client = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
     cluster = Cluster(settings, store, launcher or make_launcher(settings), probe_client)
     metrics = Metrics()

@@ -132,10 +132,11 @@ async def serve(proxy: Proxy, endpoint: str, scope: Scope, receive: Receive,
     except Exception as exc:
         # A bug, not an engine's failure: still record the request and answer the client.
         log.exception("%s: unexpected error", ctx.rid)
+        err = RuntimeError(f"internal error in the router: {type(exc).__name__}: {exc}")
         if not ctx.finished:
-            proxy.fail(ctx, exc)
+            proxy.fail(ctx, err)
         if not ex.started:
-            await ex.respond(*error_body(exc), ctx.rid)
+            await ex.respond(*error_body(err), ctx.rid)
     finally:
         watch.cancel()
 
