@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+import orjson
 from fastapi import APIRouter
 from starlette.requests import Request
 
@@ -167,7 +168,7 @@ async def _whole(proxy: Proxy, ctx: Ctx, resp: Stream, ex: _Exchange) -> None:
         return
     data: Any = None
     try:
-        data = json.loads(content)
+        data = orjson.loads(content)
     except ValueError:
         pass
     ok = resp.status == 200

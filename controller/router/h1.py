@@ -46,6 +46,11 @@ def _target(url: str) -> tuple[str, int, bytes, bytes]:
     return u.hostname, port, path.encode("latin-1"), (u.netloc or u.hostname).encode("latin-1")
 
 
+def _expire(waiter: asyncio.Future[None], timeout_s: float) -> None:
+    if not waiter.done():
+        waiter.set_exception(UpstreamError(f"no answer from the engine within {timeout_s:g} s"))
+
+
 class _Conn(asyncio.Protocol):
     """One connection and the response currently arriving on it."""
 
@@ -125,14 +130,15 @@ class _Conn(asyncio.Protocol):
         self._wake()
 
     async def wait(self, timeout_s: float) -> None:
-        """Until the parser has more for the reader (or the connection failed)."""
-        self.waiter = asyncio.get_running_loop().create_future()
+        """Until the parser has more for the reader (or the connection failed). A plain timer
+        rather than ``asyncio.timeout``: this runs for every chunk relayed."""
+        loop = asyncio.get_running_loop()
+        waiter = self.waiter = loop.create_future()
+        timer = loop.call_later(timeout_s, _expire, waiter, timeout_s)
         try:
-            async with asyncio.timeout(timeout_s):
-                await self.waiter
-        except TimeoutError:
-            raise UpstreamError(f"no answer from the engine within {timeout_s:g} s") from None
+            await waiter
         finally:
+            timer.cancel()
             self.waiter = None
 
     def take(self) -> bytes:

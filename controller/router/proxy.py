@@ -12,12 +12,14 @@ before any byte has gone to the client.
 from __future__ import annotations
 
 import asyncio
-import json
+import itertools
 import logging
+import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from controller import profiles
 from controller.cluster import Cluster
@@ -70,6 +72,15 @@ class Ctx:
     strip_usage: bool = False  # the router asked for a usage chunk the client did not
 
 
+_ID_PREFIX = f"pdctl-{os.urandom(6).hex()}-"
+_ID_SEQ = itertools.count(1)
+
+
+def new_request_id() -> str:
+    """Unique per controller run (random prefix) and cheap: one per client request."""
+    return f"{_ID_PREFIX}{next(_ID_SEQ)}"
+
+
 @dataclass
 class PrefillDone:
     instance: Instance
@@ -78,8 +89,8 @@ class PrefillDone:
 
 def parse_body(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        body = orjson.loads(raw)
+    except ValueError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
@@ -158,7 +169,7 @@ class Proxy:
             raise BadRequest("'messages' must be a list")
         if endpoint.endswith("/completions") and "messages" not in body and "prompt" not in body:
             raise BadRequest("'prompt' is required")
-        return Ctx(rid=request_id or f"pdctl-{uuid.uuid4().hex}", endpoint=endpoint, body=body,
+        return Ctx(rid=request_id or new_request_id(), endpoint=endpoint, body=body,
                    stream=bool(body.get("stream")), prompt_tokens=self.counter.count(body),
                    t0=t0, started_at=started_at)
 
@@ -202,7 +213,7 @@ class Proxy:
         return now
 
     async def _prefill(self, ctx: Ctx) -> PrefillDone | None:
-        payload = json.dumps(prefill_body(ctx.body)).encode()
+        payload = orjson.dumps(prefill_body(ctx.body))
         tried: set[str] = set()
         for _ in range(self.cluster.routing.max_attempts):
             inst = self.cluster.pick(Role.PREFILL, tried)
@@ -224,7 +235,7 @@ class Proxy:
                 ctx.retries += 1
                 continue
             try:
-                data = json.loads(r.body)
+                data = orjson.loads(r.body)
             except ValueError:
                 data = None
             kv = data.get("kv_transfer_params") if isinstance(data, dict) else None
@@ -248,7 +259,7 @@ class Proxy:
 
     async def _open_decode(self, ctx: Ctx, kv_params: dict[str, Any] | None) -> Stream:
         body, ctx.strip_usage = decode_body(ctx.body, kv_params)
-        payload = json.dumps(body).encode()
+        payload = orjson.dumps(body)
         tried: set[str] = set()
         for attempt in range(self.cluster.routing.max_attempts):
             inst = self.cluster.pick(Role.DECODE, tried)
@@ -365,7 +376,7 @@ def last_event(tail: bytes) -> dict[str, Any] | None:
         if data == b"[DONE]" or not data.startswith(b"{"):
             continue
         try:
-            event = json.loads(data)
+            event = orjson.loads(data)
         except ValueError:
             continue
         if not isinstance(event, dict):
