@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -67,6 +69,45 @@ def apply_load(inst: Instance, load: dict[str, float]) -> None:
     inst.nixl_xfers = xfers
     inst.nixl_xfer_s = load.get("nixl_xfer_s", 0.0)
     inst.nixl_bytes = load.get("nixl_bytes", 0.0)
+
+
+class Probe(enum.Enum):
+    OK = "ok"
+    DOWN = "down"  # refused, reset, or answered with an error
+    TIMEOUT = "timeout"
+
+
+@dataclass(frozen=True)
+class SweepVerdict:
+    failed: tuple[bool, ...]  # per probe: counts as a failed health check
+    ready: int
+    timeouts: int
+
+    @property
+    def overloaded(self) -> bool:
+        """Most ready instances timed out at once: those timeouts were not counted."""
+        return self.timeouts > 0
+
+
+OVERLOAD_MIN = 2  # timeouts in one sweep before "all timed out" reads as controller overload
+
+
+def count_failures(sweep: list[tuple[bool, Probe]]) -> SweepVerdict:
+    """Which probes of one health sweep count against their instance. ``sweep`` holds
+    ``(starting, result)`` per probed instance.
+
+    An instance that refuses or answers with an error always counts. A timeout counts unless
+    most ready instances timed out in the same sweep: engines do not all hang at once, but a
+    controller starved of CPU sees every probe time out -- failing the whole fleet then would
+    turn an overload into an outage. Starting instances never count (the start timeout
+    covers them)."""
+    ready = [r for starting, r in sweep if not starting]
+    timeouts = sum(r is Probe.TIMEOUT for r in ready)
+    starved = timeouts >= OVERLOAD_MIN and timeouts * 2 > len(ready)
+    return SweepVerdict(
+        tuple(not starting and (r is Probe.DOWN or (r is Probe.TIMEOUT and not starved))
+              for starting, r in sweep),
+        len(ready), timeouts if starved else 0)
 
 
 class Cluster:
@@ -269,17 +310,26 @@ class Cluster:
             elif now - self._last_health.get(inst.id, 0.0) >= cs.health_interval_s:
                 due.append(inst)
         results = await asyncio.gather(*(self._probe(i) for i in due))
-        for inst, ok in zip(due, results, strict=True):
-            self._after_probe(inst, ok, now)
+        counted = count_failures(
+            [(i.state is InstanceState.STARTING, r) for i, r in zip(due, results, strict=True)])
+        if counted.overloaded:
+            log.warning("health checks of %d of %d instances timed out at once: the controller "
+                        "is likely starved of CPU; not counting them against the instances",
+                        counted.timeouts, counted.ready)
+        for inst, result, failed in zip(due, results, counted.failed, strict=True):
+            self._after_probe(inst, result is Probe.OK, failed, now)
 
-    async def _probe(self, inst: Instance) -> bool:
+    async def _probe(self, inst: Instance) -> Probe:
         try:
-            r = await self.client.get(f"{inst.url}/health", timeout=2.0)
-            return r.status_code == 200
+            r = await self.client.get(f"{inst.url}/health",
+                                      timeout=self.settings.controller.health_timeout_s)
+        except httpx.TimeoutException:
+            return Probe.TIMEOUT
         except httpx.HTTPError:
-            return False
+            return Probe.DOWN
+        return Probe.OK if r.status_code == 200 else Probe.DOWN
 
-    def _after_probe(self, inst: Instance, ok: bool, now: float) -> None:
+    def _after_probe(self, inst: Instance, ok: bool, failed: bool, now: float) -> None:
         self._last_health[inst.id] = now
         if inst.state.terminal or inst.id in self._stopping:
             return
@@ -294,6 +344,8 @@ class Cluster:
         if ok:
             inst.health_failures = 0
             inst.suspect_until = 0.0
+            return
+        if not failed:
             return
         inst.health_failures += 1
         if inst.health_failures >= self.settings.controller.unhealthy_after:

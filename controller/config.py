@@ -136,6 +136,7 @@ class ControllerSettings(Strict):
     start_timeout_s: float = Field(120.0, gt=0)
     drain_timeout_s: float = Field(120.0, gt=0)
     unhealthy_after: int = Field(3, ge=1, description="failed health checks before failed")
+    health_timeout_s: float = Field(2.0, gt=0, description="answer time of one health check")
     request_buffer: int = Field(100_000, ge=100)
 
 

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -96,8 +97,20 @@ def _setup_logging(level: str) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+def raise_fd_limit() -> tuple[int, int]:
+    """Soft open-file limit up to the hard one: every open client request holds about two
+    sockets (client and engine), so a 1,024 soft limit would refuse connections at about 500
+    requests in flight. Returns (before, after)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft == resource.RLIM_INFINITY or soft >= hard:
+        return soft, soft
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return soft, hard
+
+
 def _serve(settings: Settings, after_start: Any = None) -> int:
     """Serve the controller until SIGINT/SIGTERM; the lifespan stops every instance."""
+    raise_fd_limit()
     app = create_app(settings)
     cs = settings.controller
     config = uvicorn.Config(app, host=cs.host, port=cs.port, log_level="warning",

@@ -182,9 +182,11 @@ class Proxy:
         kv_params = None
         threshold = self.cluster.routing.disagg_min_prompt_tokens
         if ctx.prompt_tokens >= threshold and self.cluster.ready(Role.PREFILL):
+            ctx.path = RequestPath.DISAGGREGATED  # also when cancelled during the prefill hop
             done = await self._prefill(ctx)
-            if done is not None:
-                ctx.path = RequestPath.DISAGGREGATED
+            if done is None:
+                ctx.path = RequestPath.COLOCATED
+            else:
                 kv_params = done.kv_params
         try:
             return await self._open_decode(ctx, kv_params)

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controller.cluster import Cluster
+from controller.cluster import Cluster, Probe, count_failures
 from controller.config import load_settings
 from controller.errors import InvalidChange
 from controller.launchers.base import Launched, Launcher, LaunchSpec
@@ -184,3 +184,37 @@ async def test_stored_desired_state_wins_on_restart(tmp_path: Path) -> None:
     c1.set_pool(Role.DECODE, 3, None, "test")
     c2 = Cluster(settings, store, FakeLauncher(), httpx.AsyncClient())
     assert c2.targets[Role.DECODE].size == 3
+
+
+def test_a_sweep_where_most_ready_instances_time_out_counts_no_timeout() -> None:
+    ok, down, slow = Probe.OK, Probe.DOWN, Probe.TIMEOUT
+    # One engine hangs: it counts.
+    assert count_failures([(False, ok), (False, slow), (False, ok)]).failed == (
+        False, True, False)
+    # Everyone times out at once: the controller is starved; nothing counts, a refusal does.
+    v = count_failures([(False, slow), (False, slow), (False, down), (True, slow)])
+    assert v.failed == (False, False, True, False) and v.overloaded and v.timeouts == 2
+    # A single ready instance timing out is not "most of the fleet".
+    assert count_failures([(False, slow)]).failed == (True,)
+    # Starting instances never count.
+    assert count_failures([(True, down), (True, slow)]).failed == (False, False)
+
+
+async def test_timeouts_across_the_fleet_do_not_fail_it(
+        env: tuple[Cluster, FakeLauncher, Clock, Store]) -> None:
+    cluster, launcher, clock, store = env
+    await cluster.tick()
+    launcher.healthy = {s.instance_id for s in launcher.started}
+    clock.t += 1
+    await cluster.tick()
+    ready = {i.id for i in cluster.instances.values() if i.state is InstanceState.READY}
+    assert len(ready) == 2
+
+    def hang(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("starved", request=request)
+
+    cluster.client = httpx.AsyncClient(transport=httpx.MockTransport(hang))
+    for _ in range(cluster.settings.controller.unhealthy_after + 2):
+        clock.t += cluster.settings.controller.health_interval_s
+        await cluster.tick()
+    assert {i.id for i in cluster.instances.values() if i.state is InstanceState.READY} == ready

@@ -3,10 +3,12 @@ the request (nothing has reached the client yet)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import httpx
+import pytest
 
 from controller.cluster import Cluster
 from controller.config import load_settings
@@ -70,3 +72,31 @@ class FlakyEngine:
 
     async def close(self) -> None:
         pass
+
+
+async def test_a_request_cancelled_during_its_prefill_hop_is_recorded_disaggregated(
+        tmp_path: Path) -> None:
+    settings = load_settings(None, controller={"state_dir": tmp_path},
+                             routing={"disagg_min_prompt_tokens": 1})
+    cluster = Cluster(settings, Store(tmp_path / "s.db"), FakeLauncher(), httpx.AsyncClient())
+    for iid, role in (("prefill-1", Role.PREFILL), ("decode-1", Role.DECODE)):
+        cluster.instances[iid] = Instance(iid, role, 2, f"http://{iid}",
+                                          state=InstanceState.READY)
+    cluster._refresh_membership()
+
+    class SlowPrefill(FlakyEngine):
+        async def post(self, url: str, payload: bytes, headers: Mapping[str, str]) -> Reply:
+            await asyncio.sleep(10)
+            raise AssertionError("cancelled before")
+
+    proxy = Proxy(cluster, SlowPrefill(), EstimatingCounter(), RequestLog(100), Metrics())
+    ctx = proxy.new_ctx("/v1/completions", b'{"prompt": "a long prompt", "max_tokens": 2}',
+                        None)
+    task = asyncio.create_task(proxy.open(ctx))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    rec = proxy.finish(ctx, "cancelled", None, "client disconnected")
+    assert rec.path.value == "disaggregated" and rec.status == "cancelled"
+    assert cluster.instances["prefill-1"].inflight == 0

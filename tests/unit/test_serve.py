@@ -34,3 +34,18 @@ def test_cpu_lab_defaults(tmp_path: Path) -> None:
     sim = serve.lab_settings(build_parser().parse_args(["lab", "--backend", "sim",
                                                         "--time-scale", "0.5"]))
     assert sim.model.name == "llama-3-70b" and sim.sim.time_scale == 0.5
+
+
+def test_the_controller_raises_its_open_file_limit_to_the_hard_one() -> None:
+    import resource
+
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft, hard = before
+    if hard == resource.RLIM_INFINITY or hard < 256:
+        pytest.skip(f"hard open-file limit {hard} leaves nothing to raise")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+        assert serve.raise_fd_limit() == (128, hard)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, before)
