@@ -78,9 +78,13 @@ HARDWARE: dict[str, HardwareProfile] = {
         HardwareProfile("h100-sxm", 989e12, 3.35e12, 80 * GIB, 8, "NVIDIA H100 SXM 80GB"),
         HardwareProfile("h200", 989e12, 4.8e12, 141e9, 8, "NVIDIA H200 141GB"),
         HardwareProfile("a100-80gb", 312e12, 2.039e12, 80 * GIB, 8, "NVIDIA A100 SXM 80GB"),
-        # One x86 core of the 2-core lab machine counted as one "accelerator".
-        # Rough figures; issue 6 calibrates them against the real CPU lab.
-        HardwareProfile("cpu-lab", 40e9, 8e9, 4 * GIB, 2, "one core of the 2-core CPU lab"),
+        # One x86 core of the 2-core lab machine counted as one "accelerator". Effective
+        # figures, calibrated with scripts/bench_lab.py (guidellm, synchronous, mixed 20-68 /
+        # 275-1006-token prompts) against the real P/D lab: decode ITL p50 ~19-23 ms and
+        # prefill ~1.1 s for the median long prompt (which the sim counts as 411 tokens) on a
+        # shared, loaded box with NIXL's progress threads busy. They absorb vLLM's per-step
+        # CPU overhead and that contention; they are not the core's roofline (was 40e9, 8e9).
+        HardwareProfile("cpu-lab", 4.7e9, 0.4e9, 4 * GIB, 2, "one core of the 2-core CPU lab"),
     )
 }
 
