@@ -27,6 +27,7 @@ from controller.router.upstream import Stream, UpstreamError
 log = logging.getLogger("pdctl.router")
 router = APIRouter()
 DONE = b"data: [DONE]"
+DONE_EVENT = b"data: [DONE]\n\n"
 ENDPOINTS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 Scope = MutableMapping[str, Any]
@@ -107,8 +108,8 @@ async def _watch(receive: Receive, task: asyncio.Task[Any], ex: _Exchange) -> No
         task.cancel()
 
 
-async def serve(proxy: Proxy, endpoint: str, scope: Scope, receive: Receive,
-                send: Send) -> None:
+async def serve(proxy: Proxy, endpoint: str, scope: Scope, receive: Receive, send: Send,
+                loop: asyncio.AbstractEventLoop) -> None:
     raw = await _read_body(receive)
     if raw is None:
         return
@@ -119,9 +120,9 @@ async def serve(proxy: Proxy, endpoint: str, scope: Scope, receive: Receive,
     except RoutingError as exc:
         await ex.respond(*error_body(exc), rid)
         return
-    task = asyncio.current_task()
+    task = asyncio.current_task(loop)
     assert task is not None
-    watch = asyncio.create_task(_watch(receive, task, ex))
+    watch = loop.create_task(_watch(receive, task, ex))
     try:
         await _exchange(proxy, ctx, ex)
     except asyncio.CancelledError:
@@ -187,13 +188,22 @@ async def _relay(proxy: Proxy, ctx: Ctx, resp: Stream, ex: _Exchange) -> None:
             if ctx.first_at is None:
                 ctx.first_at = time.perf_counter()
             tail = (tail + chunk)[-TAIL_BYTES:]
+            if ex.complete:
+                continue  # after [DONE]: only the upstream's end of body is left to read
             if ctx.strip_usage:
                 chunk = strip_usage_event(chunk)
                 if not chunk:
                     continue
+            if chunk.endswith(DONE_EVENT):
+                # The stream's last event: send it with the end of the body (one write).
+                await ex.end(chunk)
+                continue
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         status = "ok"
     except UpstreamError as exc:
+        if ex.complete:
+            status = "ok"  # the client had the whole stream; only the engine's close failed
+            return
         # Tokens already reached the client, so no retry: end the stream with a clear error.
         status, error = "error", f"decode instance failed mid-stream: {exc}"
         event = {"error": {"message": error, "type": "upstream_error", "code": 502}}
@@ -203,7 +213,8 @@ async def _relay(proxy: Proxy, ctx: Ctx, resp: Stream, ex: _Exchange) -> None:
         if status == "cancelled" and DONE in tail:
             status = "ok"  # the client had the whole stream and hung up before the engine did
         proxy.finish(ctx, status, last_event(tail), error)
-    await ex.end()
+    if not ex.complete:
+        await ex.end()
 
 
 class DataPlane:
@@ -213,11 +224,16 @@ class DataPlane:
     def __init__(self, app: ASGIApp, state: AppState) -> None:
         self.app = app
         self.proxy = state.proxy
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] == "http" and scope["path"] in ENDPOINTS
                 and scope["method"] == "POST"):
-            await serve(self.proxy, scope["path"], scope, receive, send)
+            loop = self._loop
+            if loop is None or loop.is_closed():
+                # Looked up once: on Python 3.11 each lookup is a getpid() system call.
+                loop = self._loop = asyncio.get_running_loop()
+            await serve(self.proxy, scope["path"], scope, receive, send, loop)
             return
         await self.app(scope, receive, send)
 

@@ -54,7 +54,9 @@ def _expire(waiter: asyncio.Future[None], timeout_s: float) -> None:
 class _Conn(asyncio.Protocol):
     """One connection and the response currently arriving on it."""
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Kept: on Python 3.11 every asyncio.get_running_loop() is a getpid() system call.
+        self.loop = loop
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
@@ -132,7 +134,7 @@ class _Conn(asyncio.Protocol):
     async def wait(self, timeout_s: float) -> None:
         """Until the parser has more for the reader (or the connection failed). A plain timer
         rather than ``asyncio.timeout``: this runs for every chunk relayed."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         waiter = self.waiter = loop.create_future()
         timer = loop.call_later(timeout_s, _expire, waiter, timeout_s)
         try:
@@ -216,7 +218,7 @@ class H1Upstream:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _, conn = await loop.create_connection(_Conn, key[0], key[1])
+                _, conn = await loop.create_connection(lambda: _Conn(loop), key[0], key[1])
         except TimeoutError:
             raise UpstreamError(f"connect to {key[0]}:{key[1]} timed out after "
                                 f"{self.connect_timeout_s:g} s") from None
