@@ -144,8 +144,12 @@ class _Conn(asyncio.Protocol):
             self.waiter = None
 
     def take(self) -> bytes:
-        chunk = self.body.popleft()
-        self.buffered -= len(chunk)
+        """Everything received so far, as one piece: pieces that arrived together go on
+        together (one write to the client instead of several)."""
+        body = self.body
+        chunk = body.popleft() if len(body) == 1 else b"".join(body)
+        body.clear()
+        self.buffered = 0
         if self.paused and self.buffered < HIGH_WATER // 2 and self.transport is not None:
             self.paused = False
             self.transport.resume_reading()
