@@ -55,7 +55,7 @@ PARTS = (
          "request is each router process's CPU time over the requests it served (robust to a "
          "noisy machine, unlike latency and rate)."),
     Part("lab", "bench_lab.py", "The real CPU lab under guidellm; simulator validity",
-         r"^(=+ *)?(summary|results|bench_lab report)",
+         r"^synchronous\b",
          "Real vLLM (CPU build) engines on this machine's two cores, the lab model, guidellm "
          "0.8.1 offline (local tokenizer, a generated mix of long and short prompts), "
          "synchronous and concurrent profiles. 1 prefill + 1 decode (KV over NIXL) started "
