@@ -59,6 +59,7 @@ class _Conn(asyncio.Protocol):
         self.loop = loop
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.lost = False  # the connection ended (either side)
         self.idle_since = 0.0
         self._reset()
 
@@ -91,7 +92,7 @@ class _Conn(asyncio.Protocol):
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
+        self.closed = self.lost = True
         if not self.complete:
             what = f": {exc}" if exc else ""
             self._fail(f"connection closed before the response was complete{what}")
@@ -254,8 +255,8 @@ class H1Upstream:
             try:
                 return await self._exchange(key, conn, data)
             except UpstreamError:
-                if conn.received:
-                    raise
+                if conn.received or not conn.lost:
+                    raise  # an answer began, or the engine is slow: not a stale connection
                 # The engine closed the idle connection as the request went out: it never
                 # saw the request, so send it once more on a new connection.
         return await self._exchange(key, await self._connect(key), data)

@@ -191,6 +191,22 @@ async def test_refused_and_silent_engines_raise_upstream_error() -> None:
             await client.post(engine.url, b"{}", HEADERS)
 
 
+async def test_a_slow_answer_on_a_reused_connection_is_not_sent_twice() -> None:
+    async def second_hangs(request: bytes, writer: asyncio.StreamWriter, n: int) -> bool:
+        if n == 2:
+            await asyncio.sleep(1)
+            return False
+        return await answer_whole(request, writer, n)
+
+    async with Engine(second_hangs) as engine:
+        client = H1Upstream(read_timeout_s=0.2)
+        assert (await client.post(engine.url, b"{}", HEADERS)).status == 200
+        with pytest.raises(UpstreamError, match="no answer from the engine"):
+            await client.post(engine.url, b"{}", HEADERS)
+        assert len(engine.requests) == 2 and engine.connections == 1
+        await client.close()
+
+
 async def test_an_engine_dying_mid_stream_raises_after_what_it_sent() -> None:
     async def dies(request: bytes, writer: asyncio.StreamWriter, n: int) -> bool:
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
