@@ -80,13 +80,12 @@ class Probe(enum.Enum):
 @dataclass(frozen=True)
 class SweepVerdict:
     failed: tuple[bool, ...]  # per probe: counts as a failed health check
-    ready: int
-    timeouts: int
+    ready: int  # ready instances probed
+    uncounted: int  # their timeouts not counted (most of them timed out at once)
 
     @property
     def overloaded(self) -> bool:
-        """Most ready instances timed out at once: those timeouts were not counted."""
-        return self.timeouts > 0
+        return self.uncounted > 0
 
 
 OVERLOAD_MIN = 2  # timeouts in one sweep before "all timed out" reads as controller overload
@@ -315,7 +314,7 @@ class Cluster:
         if counted.overloaded:
             log.warning("health checks of %d of %d instances timed out at once: the controller "
                         "is likely starved of CPU; not counting them against the instances",
-                        counted.timeouts, counted.ready)
+                        counted.uncounted, counted.ready)
         for inst, result, failed in zip(due, results, counted.failed, strict=True):
             self._after_probe(inst, result is Probe.OK, failed, now)
 

@@ -322,7 +322,7 @@ class Proxy:
         prompt_tokens = int(usage.get("prompt_tokens") or ctx.prompt_tokens)
         disagg = ctx.path is RequestPath.DISAGGREGATED
         kv_bytes = (profiles.kv_bytes(self.cluster.model, prompt_tokens, self._block)
-                    if disagg else 0)
+                    if disagg and ctx.prefill is not None else 0)  # none if prefill never ended
         if ctx.first_at is not None:
             ttft = (ctx.first_at - ctx.t0) * 1e3
             to_first = (ctx.first_at - ctx.decode_sent) * 1e3

@@ -193,7 +193,7 @@ def test_a_sweep_where_most_ready_instances_time_out_counts_no_timeout() -> None
         False, True, False)
     # Everyone times out at once: the controller is starved; nothing counts, a refusal does.
     v = count_failures([(False, slow), (False, slow), (False, down), (True, slow)])
-    assert v.failed == (False, False, True, False) and v.overloaded and v.timeouts == 2
+    assert v.failed == (False, False, True, False) and v.overloaded and v.uncounted == 2
     # A single ready instance timing out is not "most of the fleet".
     assert count_failures([(False, slow)]).failed == (True,)
     # Starting instances never count.

@@ -99,4 +99,5 @@ async def test_a_request_cancelled_during_its_prefill_hop_is_recorded_disaggrega
         await task
     rec = proxy.finish(ctx, "cancelled", None, "client disconnected")
     assert rec.path.value == "disaggregated" and rec.status == "cancelled"
+    assert rec.kv_bytes == 0  # no KV was produced, so none is counted as moved
     assert cluster.instances["prefill-1"].inflight == 0
