@@ -74,8 +74,3 @@ class UpstreamFailed(RoutingError):
         self.status = status
         self.body = body
         self.kv_load_failure = kv_load_failure
-
-
-class ClientDisconnected(RoutingError):
-    status_code = 499
-    error_type = "client_disconnected"

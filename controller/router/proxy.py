@@ -362,8 +362,8 @@ class Proxy:
         return profiles.transfer_seconds(kv_bytes, self._link) * 1e3
 
     def fail(self, ctx: Ctx, exc: RoutingError | Exception) -> RequestRecord:
-        status = "cancelled" if getattr(exc, "status_code", 0) == 499 else "error"
-        return self.finish(ctx, status, None, error=str(exc) or type(exc).__name__)
+        """Record a request that failed (a client that left is recorded by ``finish``)."""
+        return self.finish(ctx, "error", None, error=str(exc) or type(exc).__name__)
 
 
 def last_event(tail: bytes) -> dict[str, Any] | None:
