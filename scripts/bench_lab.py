@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from controller.config import deep_merge, load_settings  # noqa: E402
 from controller.launchers.base import LaunchSpec  # noqa: E402
-from controller.launchers.process import free_port, spawn  # noqa: E402
+from controller.launchers.process import free_port, spawn, tail  # noqa: E402
 from controller.launchers.vllm import VllmLauncher  # noqa: E402
 from controller.models import Role  # noqa: E402
 from controller.serve import cpu_lab_defaults  # noqa: E402
@@ -251,8 +251,8 @@ def run_guidellm(argv: list[str], log_path: Path, procs: Procs, timeout_s: float
             p.wait()
             procs.procs.remove(p)
     if p.returncode != 0:
-        tail = log_path.read_text(errors="replace")[-1500:]
-        raise RuntimeError(f"guidellm exited {p.returncode}; tail of {log_path}:\n{tail}")
+        raise RuntimeError(f"guidellm exited {p.returncode}; tail of {log_path}:\n"
+                           f"{tail(log_path, 20)}")
 
 
 def pct(values: list[float], q: float) -> float:

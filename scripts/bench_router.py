@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from loadgen import RequestFn, Result, closed_loop, post_json, run, stream_ttft  # noqa: E402
 
-from controller.launchers.process import free_port  # noqa: E402
+from controller.launchers.process import free_port, tail  # noqa: E402
 
 MODEL = "llama-3-8b"
 PROMPT = "benchmark prompt text " * 150  # ~830 tokens (bytes / 4): disaggregated in pdctl
@@ -103,7 +103,7 @@ class Fleet:
         for p in self.procs.values():
             if p.popen.poll() is not None:
                 raise SystemExit(f"{p.name} exited with {p.popen.returncode}; its log, "
-                                 f"{p.log}:\n{tail(p.log)}")
+                                 f"{p.log}:\n{tail(p.log, 20)}")
 
     def stop(self) -> None:
         """SIGTERM every process group, SIGKILL what is left after 10 s."""
@@ -124,13 +124,6 @@ def signal_group(popen: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         os.killpg(popen.pid, sig)  # start_new_session: the group id is the leader's pid
     except ProcessLookupError:
         pass
-
-
-def tail(path: Path, n: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
 
 
 def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
