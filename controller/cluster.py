@@ -11,7 +11,9 @@ import asyncio
 import contextlib
 import enum
 import logging
+import signal
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +34,8 @@ log = logging.getLogger("pdctl.cluster")
 RETAIN_TERMINAL_S = 600.0  # failed/stopped instances stay visible this long
 SUSPECT_S = 2.0
 MAX_BACKOFF_S = 30.0
+QUARANTINE_BASE_S = 30.0  # first quarantine; doubles with every further crash in the window
+MAX_QUARANTINE_S = 600.0
 LOAD_SERIES = {
     "vllm:num_requests_running": "running",
     "vllm:num_requests_waiting": "waiting",
@@ -39,6 +43,8 @@ LOAD_SERIES = {
     "vllm:nixl_xfer_time_seconds_sum": "nixl_xfer_s",
     "vllm:nixl_xfer_time_seconds_count": "nixl_xfers",
     "vllm:nixl_bytes_transferred_sum": "nixl_bytes",
+    "vllm:nixl_num_kv_expired_reqs_total": "kv_expired",
+    "vllm:nixl_num_notifications_after_expiry_total": "kv_after_expiry",
 }
 
 
@@ -69,12 +75,43 @@ def apply_load(inst: Instance, load: dict[str, float]) -> None:
     inst.nixl_xfers = xfers
     inst.nixl_xfer_s = load.get("nixl_xfer_s", 0.0)
     inst.nixl_bytes = load.get("nixl_bytes", 0.0)
+    inst.kv_expired = load.get("kv_expired", 0.0)
+    inst.kv_after_expiry = load.get("kv_after_expiry", 0.0)
 
 
 class Probe(enum.Enum):
     OK = "ok"
     DOWN = "down"  # refused, reset, or answered with an error
     TIMEOUT = "timeout"
+
+
+def exit_reason(code: int) -> str:
+    """``process exited with status -4 (SIGILL)``: a signal's name where there is one."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"process exited with status {code} ({signal.Signals(-code).name})"
+    return f"process exited with status {code}"
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """A pool whose engines keep crashing in service: no restart before ``until``."""
+
+    until: float  # cluster clock
+    crashes: int  # in the crash window
+    last_error: str
+
+    def public(self, now: float) -> dict[str, Any]:
+        return {"remaining_s": round(max(0.0, self.until - now), 1), "crashes": self.crashes,
+                "last_error": self.last_error}
+
+
+def quarantine_s(crashes: int, after: int) -> float | None:
+    """How long a pool with ``crashes`` crashes in the window waits before its next start;
+    None below the ``after`` threshold."""
+    if crashes < after:
+        return None
+    return min(MAX_QUARANTINE_S, QUARANTINE_BASE_S * 2 ** (crashes - after))
 
 
 @dataclass(frozen=True)
@@ -127,6 +164,8 @@ class Cluster:
         self._stopping: set[str] = set()
         self._fail_streak: dict[Role, int] = dict.fromkeys(Role, 0)
         self._backoff_until: dict[Role, float] = dict.fromkeys(Role, 0.0)
+        self._crashes: dict[Role, deque[float]] = {r: deque() for r in Role}
+        self.quarantine: dict[Role, Quarantine | None] = dict.fromkeys(Role)
         self._last_health: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
@@ -259,13 +298,38 @@ class Cluster:
         self._transition(inst, InstanceState.DRAINING, actor, why)
 
     def _fail(self, inst: Instance, why: str) -> None:
+        in_service = inst.state in (InstanceState.READY, InstanceState.DRAINING)
         inst.last_error = why
         inst.ended_at = self.clock()
         self._transition(inst, InstanceState.FAILED, "controller", why)
         streak = self._fail_streak[inst.role] = self._fail_streak[inst.role] + 1
         self._backoff_until[inst.role] = self.clock() + min(MAX_BACKOFF_S, 0.5 * 2**streak)
+        if in_service:
+            self._crashed(inst.role, why)
         if self.launcher.exit_code(_launched(inst)) is None:
             self._spawn(self._stop_process(inst, why, final_state=None))
+
+    def _crashed(self, role: Role, why: str) -> None:
+        """Count a crash in service; enough of them in the window quarantine the pool. A
+        pool's readiness does not end it (an engine that dies on its first request of a kind
+        becomes ready every time); only the window forgets crashes."""
+        cs, now = self.settings.controller, self.clock()
+        crashes = self._crashes[role]
+        crashes.append(now)
+        while crashes and crashes[0] < now - cs.crash_window_s:
+            crashes.popleft()
+        wait = quarantine_s(len(crashes), cs.quarantine_after)
+        if wait is None:
+            return
+        q = Quarantine(now + wait, len(crashes), why)
+        self.quarantine[role] = q
+        self._backoff_until[role] = max(self._backoff_until[role], q.until)
+        self.store.record("controller", "pool.quarantined", role.value, None,
+                          q.public(now), f"{len(crashes)} crashes in service within "
+                          f"{cs.crash_window_s:g} s (last: {why}); no new {role.value} "
+                          f"instance for {wait:g} s")
+        log.warning("%s pool quarantined for %g s after %d crashes (last: %s)", role.value,
+                    wait, len(crashes), why)
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -292,7 +356,7 @@ class Cluster:
                 continue
             code = self.launcher.exit_code(_launched(inst))
             if code is not None:
-                self._fail(inst, f"process exited with status {code}")
+                self._fail(inst, exit_reason(code))
 
     async def _check_health(self) -> None:
         now = self.clock()
@@ -452,10 +516,14 @@ class Cluster:
         except httpx.HTTPError:
             return None
 
-    async def run_load_poller(self) -> None:
+    async def run_load_poller(self, after: Callable[[list[Instance]], None] | None = None
+                              ) -> None:
+        """Poll the engines' /metrics forever; ``after`` sees the live instances each time."""
         while True:
             with contextlib.suppress(Exception):
                 await self.poll_load()
+                if after is not None:
+                    after([i for i in self.instances.values() if not i.state.terminal])
             await asyncio.sleep(self.settings.controller.metrics_poll_s)
 
     async def shutdown(self) -> None:
@@ -477,11 +545,14 @@ class Cluster:
         ready_at_tp = sum(1 for i in mine if i.state.routable and i.tp == target.tp)
         others = sum(1 for i in mine if not i.state.terminal
                      and not (i.state.routable and i.tp == target.tp))
+        q = self.quarantine[role]
+        now = self.clock()
         return {
             "desired": _target_json(target),
             "actual": {"ready": counts["ready"], "starting": counts["starting"],
                        "draining": counts["draining"], "ready_at_desired_tp": ready_at_tp},
             "converged": ready_at_tp == target.size and others == 0,
+            "quarantine": q.public(now) if q is not None and q.until > now else None,
         }
 
     def used_accelerators(self) -> int:

@@ -7,6 +7,7 @@ once the controller has run, the state directory's store holds the operator's ch
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -16,9 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from controller import profiles
+from controller.cpu_features import CPU_ENGINE_DTYPE
 from controller.errors import ConfigError
 
 PolicyName = Literal["round_robin", "least_loaded"]
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 
 class Strict(BaseModel):
@@ -109,6 +112,18 @@ class RoutingSettings(Strict):
     request_timeout_s: float = Field(600.0, gt=0)
 
 
+class KvSettings(Strict):
+    """The KV hand-off between the pools (NixlConnector's lease, both backends)."""
+
+    lease_s: int = Field(30, ge=6, le=3600, description=(
+        "seconds a prefill engine keeps a finished request's KV blocks for its decode engine "
+        "(vLLM kv_connector_extra_config.kv_lease_duration; the decode engine renews it while "
+        "it holds the request); fixed when an engine starts"))
+    late_hop_share: float = Field(0.5, gt=0, lt=1, description=(
+        "a decode hop not sent within this share of the lease after the prefill answered "
+        "goes colocated instead (its KV is released)"))
+
+
 class SimSettings(Strict):
     time_scale: float = Field(1.0, gt=0, description="wall seconds per modelled second")
     kv_load_failure_policy: Literal["fail", "recompute"] = "fail"
@@ -119,6 +134,9 @@ class VllmSettings(Strict):
     python: str | None = Field(None, description="interpreter with vLLM; default: this one")
     kv_load_failure_policy: Literal["fail", "recompute"] = "recompute"
     block_size: int | None = Field(None, ge=1, description="default: 128 on CPU, 16 on GPU")
+    dtype: str | None = Field(None, description=(
+        "vLLM --dtype; default: float32 on CPU hosts (vLLM 0.32's bfloat16 AMX attention "
+        "kernel crashes on AMX CPUs, docs/vllm-lab.md), the model's own on GPU hosts"))
     max_model_len: int | None = Field(None, ge=16)
     cpu_kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE per instance")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
@@ -136,6 +154,10 @@ class ControllerSettings(Strict):
     start_timeout_s: float = Field(120.0, gt=0)
     drain_timeout_s: float = Field(120.0, gt=0)
     unhealthy_after: int = Field(3, ge=1, description="failed health checks before failed")
+    crash_window_s: float = Field(600.0, gt=0, description="window in which engine crashes "
+                                  "of one pool are counted for quarantine")
+    quarantine_after: int = Field(3, ge=1, description="crashes of one pool within "
+                                  "crash_window_s before its restarts back off (quarantine)")
     health_timeout_s: float = Field(2.0, gt=0, description="answer time of one health check")
     request_buffer: int = Field(100_000, ge=100)
 
@@ -166,6 +188,7 @@ class Settings(BaseSettings):
     hardware: HardwareSettings = Field(default_factory=HardwareSettings)
     pools: PoolsSettings = Field(default_factory=PoolsSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    kv: KvSettings = Field(default_factory=KvSettings)
     sim: SimSettings = Field(default_factory=SimSettings)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
@@ -195,7 +218,12 @@ class Settings(BaseSettings):
 
     @property
     def model_profile(self) -> profiles.ModelProfile:
-        return model_profile_for(self.model)
+        """The model as the engines run it (KV bytes follow the engines' dtype)."""
+        profile = model_profile_for(self.model)
+        dtype = self.engine_dtype
+        if dtype in DTYPE_BYTES:
+            profile = dataclasses.replace(profile, dtype_bytes=DTYPE_BYTES[dtype])
+        return profile
 
     @property
     def kv_block_size(self) -> int:
@@ -203,6 +231,13 @@ class Settings(BaseSettings):
         if self.backend != "vllm":
             return 16
         return self.vllm.block_size or (128 if self.hardware.is_cpu else 16)
+
+    @property
+    def engine_dtype(self) -> str | None:
+        """The dtype the vLLM engines are started with; None: the model's own."""
+        if self.backend != "vllm":
+            return None
+        return self.vllm.dtype or (CPU_ENGINE_DTYPE if self.hardware.is_cpu else None)
 
 
 def model_profile_for(m: ModelSettings) -> profiles.ModelProfile:

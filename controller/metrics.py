@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from controller.models import InstanceState, RequestRecord, Role
@@ -32,7 +32,7 @@ class ClusterCollector(Collector):
     def __init__(self, cluster: Cluster) -> None:
         self._cluster = cluster
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         c = self._cluster
         desired = GaugeMetricFamily("pdctl_pool_desired_instances",
                                     "Desired instances per pool", labels=["role"])
@@ -56,12 +56,27 @@ class ClusterCollector(Collector):
             "kv_usage": GaugeMetricFamily("pdctl_instance_kv_cache_usage_ratio",
                                           "KV cache usage, 0..1", labels=["instance", "role"]),
         }
+        # The prefill engines' own KV lease counters, per instance: blocks freed because the
+        # lease ran out, and reads reported after that (the blocks may have been reused).
+        counters = {
+            "kv_expired": CounterMetricFamily(
+                "pdctl_instance_kv_expired_requests",
+                "Requests whose KV blocks the engine freed when their lease expired "
+                "(vllm:nixl_num_kv_expired_reqs)", labels=["instance", "role"]),
+            "kv_after_expiry": CounterMetricFamily(
+                "pdctl_instance_kv_notifications_after_expiry",
+                "Reads of KV blocks the engine had already freed, reported to it after the fact "
+                "(vllm:nixl_num_notifications_after_expiry)", labels=["instance", "role"]),
+        }
         for inst in c.instances.values():
             if inst.state.terminal:
                 continue
             for attr, fam in gauges.items():
                 fam.add_metric([inst.id, inst.role.value], getattr(inst, attr))
+            for attr, cfam in counters.items():
+                cfam.add_metric([inst.id, inst.role.value], getattr(inst, attr))
         yield from gauges.values()
+        yield from counters.values()
 
 
 class Metrics:
@@ -84,6 +99,13 @@ class Metrics:
             "pdctl_routing_decision_seconds",
             "Request arrival to its first hop sent: parsing, token counting, instance choice",
             buckets=ROUTING_BUCKETS, registry=r)
+        self.kv_releases = Counter(
+            "pdctl_kv_releases", "KV handles the router had freed without reading them, by "
+            "reason (client_gone, decode_unavailable, late) and result (ok, failed)",
+            ["reason", "result"], registry=r)
+        self.kv_suspect = Counter(
+            "pdctl_kv_suspect_requests", "Requests whose decode hop read KV blocks that the "
+            "prefill engine reported as already freed (output may be wrong)", registry=r)
         self._parts = [(f"{name}_ms", self.component.labels(name)) for name in PARTS]
 
     def attach(self, cluster: Cluster) -> None:

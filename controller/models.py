@@ -67,6 +67,8 @@ class Instance:
     nixl_xfer_s: float = 0.0  # cumulative, from vllm:nixl_xfer_time_seconds_sum
     nixl_bytes: float = 0.0  # cumulative, from vllm:nixl_bytes_transferred_sum
     recent_xfer_ms: float = 0.0  # mean NIXL transfer time since the previous poll
+    kv_expired: float = 0.0  # cumulative, vllm:nixl_num_kv_expired_reqs (prefill side)
+    kv_after_expiry: float = 0.0  # cumulative, vllm:nixl_num_notifications_after_expiry
     health_failures: int = 0
     suspect_until: float = 0.0
     ended_at: float | None = None
@@ -92,7 +94,9 @@ class Instance:
                 "kv_cache_usage": self.kv_usage,
             },
             "nixl": {"transfers": self.nixl_xfers, "seconds": self.nixl_xfer_s,
-                     "bytes": self.nixl_bytes, "recent_xfer_ms": self.recent_xfer_ms},
+                     "bytes": self.nixl_bytes, "recent_xfer_ms": self.recent_xfer_ms,
+                     "kv_expired_requests": self.kv_expired,
+                     "notifications_after_expiry": self.kv_after_expiry},
             "last_error": self.last_error,
             "pid": self.pid,
         }
@@ -129,6 +133,10 @@ class RequestRecord:
     kv_bytes: int = 0
     retries: int = 0
     error: str | None = None
+    # The prefill engine's id of the KV the decode hop read (vLLM's remote_request_id), and
+    # whether that engine reported the read as one of blocks it had already freed.
+    kv_handle: str | None = None
+    suspect: bool = False
 
     def public(self) -> dict[str, Any]:
         return {
@@ -153,4 +161,6 @@ class RequestRecord:
             "kv_bytes": self.kv_bytes,
             "retries": self.retries,
             "error": self.error,
+            "kv_handle": self.kv_handle,
+            "suspect": self.suspect,
         }

@@ -16,6 +16,7 @@ from controller.models import RequestPath, RequestRecord
 
 COMPONENTS = ("queue_ms", "prefill_ms", "transfer_ms", "decode_sched_ms", "overhead_ms")
 QUANTILES = (0.5, 0.9, 0.99)
+SUSPECT_PENDING = 1000  # handles reported before their request finished, kept this many
 
 
 def percentiles(values: Iterable[float] | np.ndarray) -> dict[str, float]:
@@ -91,8 +92,12 @@ class RequestLog:
         self._status = np.zeros(maxlen, dtype=np.int8)
         self._disagg = np.zeros(maxlen, dtype=bool)
         self.total = 0
+        self._suspect_later: deque[str] = deque(maxlen=SUSPECT_PENDING)
 
     def add(self, record: RequestRecord) -> None:
+        if record.kv_handle is not None and record.kv_handle in self._suspect_later:
+            record.suspect = True
+            self._suspect_later.remove(record.kv_handle)
         self._records.append(record)
         i = self.total % self._maxlen
         self._values[i] = _numeric_row(record)
@@ -102,6 +107,15 @@ class RequestLog:
 
     def __len__(self) -> int:
         return len(self._records)
+
+    def mark_suspect(self, kv_handle: str) -> None:
+        """Mark the record whose decode hop read ``kv_handle``; one still being served is
+        marked when it is added."""
+        for rec in reversed(self._records):
+            if rec.kv_handle == kv_handle:
+                rec.suspect = True
+                return
+        self._suspect_later.append(kv_handle)
 
     def recent(self, limit: int) -> list[RequestRecord]:
         """Newest first."""

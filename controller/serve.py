@@ -15,7 +15,7 @@ from typing import Any
 
 import uvicorn
 
-from controller import prometheus
+from controller import cpu_features, prometheus
 from controller.api import create_app
 from controller.api.state import AppState
 from controller.config import Settings, deep_merge, load_settings
@@ -233,6 +233,29 @@ def controller_url(st: AppState) -> str:
     return f"http://{host}:{cs.port}"
 
 
+def engine_attention(settings: Settings) -> cpu_features.AttentionPath | None:
+    """The CPU attention kernel vLLM will pick for this lab's engines; None off the CPU
+    vllm backend."""
+    if settings.backend != "vllm" or not settings.hardware.is_cpu:
+        return None
+    m = settings.model_profile
+    dtype = settings.engine_dtype or ("float32" if m.dtype_bytes == 4 else "bfloat16")
+    return cpu_features.attention_path(cpu_features.cpu_flags(), dtype,
+                                       settings.kv_block_size, m.head_dim)
+
+
+def _attention_lines(settings: Settings) -> list[str]:
+    path = engine_attention(settings)
+    if path is None:
+        return []
+    lines = [f"  attention    vLLM CPU kernel {path.describe()}"]
+    if path.crash_prone:
+        lines.append("  WARNING      vLLM 0.32's amx kernel runs without AMX permission: a decode "
+                     "engine can die (SIGILL) on its first disaggregated step; see "
+                     "docs/vllm-lab.md (set vllm.dtype: float32)")
+    return lines
+
+
 def _banner(st: AppState, console_url: str | None, prom: str) -> str:
     cs = st.settings.controller
     base = controller_url(st)
@@ -243,6 +266,7 @@ def _banner(st: AppState, console_url: str | None, prom: str) -> str:
         f"{st.settings.hardware.accelerator}, KV link {st.settings.hardware.kv_link})",
         f"  pools        prefill {t[Role.PREFILL].size} x TP{t[Role.PREFILL].tp}, "
         f"decode {t[Role.DECODE].size} x TP{t[Role.DECODE].tp}",
+        *_attention_lines(st.settings),
         f"  OpenAI API   {base}/v1   (model {st.settings.model.public_name!r})",
         f"  control API  {base}/api/v1   docs {base}/docs",
         f"  metrics      {base}/metrics",

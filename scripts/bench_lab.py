@@ -437,6 +437,37 @@ def router_parts(base: str, token: str, limit: int) -> dict[str, Any]:
     return out
 
 
+def lease_counters(base: str, token: str) -> dict[str, float]:
+    """The prefill engines' KV lease counters (cumulative since they started)."""
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"},
+                      timeout=30) as c:
+        urls = [i["url"] for i in c.get("/api/v1/instances").json()
+                if i["role"] == "prefill" and i["state"] == "ready"]
+    out = {"expired": 0.0, "after_expiry": 0.0}
+    for url in urls:
+        for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+            for key, name in (("expired", "vllm:nixl_num_kv_expired_reqs_total"),
+                              ("after_expiry", "vllm:nixl_num_notifications_after_expiry_total")):
+                if line.startswith(name):
+                    out[key] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+TAIL_KEYS = ("id", "path", "status", "prompt_tokens", "ttft_ms", "queue_ms", "prefill_ms",
+             "transfer_ms", "decode_sched_ms", "overhead_ms", "e2e_ms", "retries")
+
+
+def request_rows(base: str, token: str, limit: int, dump: Path) -> list[dict[str, Any]]:
+    """The controller's last ``limit`` request records, also written to ``dump``; the three
+    slowest to first token, with their TTFT parts (the tail's evidence)."""
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"},
+                      timeout=30) as c:
+        rows = c.get("/api/v1/requests", params={"limit": limit}).json()
+    dump.write_text(json.dumps(rows, indent=1))
+    slow = sorted((r for r in rows if r.get("status") == "ok"), key=lambda r: -r["ttft_ms"])
+    return [{k: r.get(k) for k in TAIL_KEYS} for r in slow[:3]]
+
+
 def run_setup(name: str, args: argparse.Namespace, work: Path, data: dict[str, Path],
               result: dict[str, Any]) -> None:
     procs = Procs()
@@ -495,6 +526,10 @@ def run_setup(name: str, args: argparse.Namespace, work: Path, data: dict[str, P
             s["cpu"]["load_avg_1m"] = os.getloadavg()[0]
             s["guidellm_cmd"] = shlex.join(argv)
             s["router"] = router_parts(base, token, n)
+            if name != "colocated":
+                s["tail"] = request_rows(base, token, n,
+                                         work / f"requests-{name}-{profile}.json")
+                s["lease"] = lease_counters(base, token)
             result[profile] = s
             log(f"{name} {profile}: {s['requests_ok']} ok in {s['duration_s']:.0f} s, "
                 f"TTFT p50 {s['ttft_p50_ms']:.0f} ms p99 {s['ttft_p99_ms']:.0f} ms, "
@@ -559,6 +594,16 @@ def table(res: dict[str, Any]) -> str:
                          f"load {g['cpu'].get('load_avg_1m', 0):.1f}, "
                          f"our processes {g['cpu']['our_cores_busy']:.2f} cores; "
                          f"router medians ms: {parts}")
+            if "lease" in g:
+                lines.append(f"  {'':<10} prefill KV lease counters after this profile "
+                             f"(cumulative): expired {g['lease']['expired']:g}, read after "
+                             f"expiry {g['lease']['after_expiry']:g}")
+            for r in g.get("tail", []):
+                lines.append(f"  {'':<10} slow: {r['path']} {r['prompt_tokens']} tok, TTFT "
+                             f"{r['ttft_ms']:.0f} = queue {r['queue_ms']:.0f} + prefill "
+                             f"{r['prefill_ms']:.0f} + transfer {r['transfer_ms']:.0f} + "
+                             f"decode_sched {r['decode_sched_ms']:.0f} + overhead "
+                             f"{r['overhead_ms']:.0f} ms, retries {r['retries']} ({r['id']})")
     idle = [f"{s}: {res[s]['idle_cpu']['system_pct']:.0f}% sys, "
             f"{res[s]['idle_cpu']['idle_pct']:.0f}% idle, our processes "
             f"{res[s]['idle_cpu']['our_cores_busy']:.2f} cores busy"

@@ -28,6 +28,7 @@ from controller.api.state import AppState
 from controller.cluster import Cluster
 from controller.config import Settings
 from controller.errors import InvalidChange, PdctlError
+from controller.kv_integrity import LeaseWatch
 from controller.launchers.base import Launcher
 from controller.launchers.external import ExternalLauncher
 from controller.launchers.sim import SimLauncher
@@ -77,7 +78,7 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
     requests = RequestLog(settings.controller.request_buffer)
     proxy = Proxy(cluster, upstream, make_counter(settings.model.path), requests, metrics)
     return AppState(settings, store, cluster, proxy, requests, metrics, upstream,
-                    ensure_token(state_dir))
+                    ensure_token(state_dir), LeaseWatch(requests, metrics, store))
 
 
 @contextlib.asynccontextmanager
@@ -87,7 +88,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                     {"backend": st.settings.backend, "model": st.settings.model.name})
     sd_file = prometheus.targets_path(st.settings.controller.state_dir)
     tasks = [asyncio.create_task(st.cluster.run()),
-             asyncio.create_task(st.cluster.run_load_poller()),
+             asyncio.create_task(st.cluster.run_load_poller(st.lease_watch.check)),
              asyncio.create_task(prometheus.keep_targets(st.cluster, sd_file,
                                                          st.settings.controller.tick_s))]
     try:
@@ -96,6 +97,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await st.proxy.close()  # KV releases in flight still need their engines
         await st.cluster.shutdown()
         prometheus.clear_targets(sd_file)
         await st.upstream.close()

@@ -159,6 +159,7 @@ def get_stats(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 60
     out = stats(st.requests.columns(window_s), window_s, st.cluster.routing.transfer_alert_share)
     out["pools"] = pool_utilization(st)
     out["total_requests"] = st.requests.total
+    out["kv_integrity"] = st.lease_watch.summary(window_s)
     return out
 
 

@@ -8,6 +8,7 @@ from starlette.requests import Request
 
 from controller.cluster import Cluster
 from controller.config import Settings
+from controller.kv_integrity import LeaseWatch
 from controller.metrics import Metrics
 from controller.requests_log import RequestLog
 from controller.router.proxy import Proxy
@@ -25,6 +26,7 @@ class AppState:
     metrics: Metrics
     upstream: Upstream
     token: str
+    lease_watch: LeaseWatch
 
 
 def app_state(request: Request) -> AppState:

@@ -25,12 +25,17 @@ from controller.models import Role
 KV_ROLE = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
 
 
+ENTRY = Path(__file__).with_name("vllm_entry.py")
+
+
 def kv_transfer_config(role: Role, settings: Settings) -> dict[str, Any]:
     return {
         "kv_connector": "NixlConnector",
         "kv_role": KV_ROLE[role],
         "kv_buffer_device": "cpu" if settings.hardware.is_cpu else "cuda",
         "kv_load_failure_policy": settings.vllm.kv_load_failure_policy,
+        # Both roles: the prefill holds blocks this long, the decode heartbeats at 1/6 of it.
+        "kv_connector_extra_config": {"kv_lease_duration": settings.kv.lease_s},
     }
 
 
@@ -61,7 +66,8 @@ class VllmLauncher(ProcessLauncher):
     def argv(self, spec: LaunchSpec, port: int) -> list[str]:
         s, v = self._s, self._s.vllm
         args = [
-            v.python or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            # vLLM's OpenAI server, after one log line naming its CPU attention kernel.
+            v.python or sys.executable, str(ENTRY),
             "--model", str(Path(s.model.path or ".").resolve()),
             "--served-model-name", s.model.public_name,
             "--host", "127.0.0.1", "--port", str(port),
@@ -71,6 +77,8 @@ class VllmLauncher(ProcessLauncher):
             "--disable-uvicorn-access-log",
             "--kv-transfer-config", json.dumps(kv_transfer_config(spec.role, s)),
         ]
+        if s.engine_dtype:
+            args += ["--dtype", s.engine_dtype]
         if v.max_model_len:
             args += ["--max-model-len", str(v.max_model_len)]
         if v.enforce_eager:

@@ -11,7 +11,7 @@ request against 0.06 ms for this, measured against the same engine. What it does
   ``keepalive_s`` (shorter than the engines' own keep-alive, so a request is never written
   to a connection the engine is closing);
 - a reused connection that closes before any byte of the answer is retried once on a new
-  one (the engine never saw that request);
+  one (the engine never saw that request), unless the caller says ``resend=False``;
 - ``connect_timeout_s`` for connecting, ``read_timeout_s`` for each wait on the engine;
 - a response not read to its end (client gone, error) closes its connection, which aborts
   the request on the engine; bodies are buffered up to ``HIGH_WATER`` bytes before reading
@@ -40,7 +40,8 @@ def _target(url: str) -> tuple[str, int, bytes, bytes]:
     """``http://host:port/path`` -> host, port, path bytes, Host header value."""
     u = urlsplit(url)
     if u.scheme != "http" or not u.hostname:
-        raise UpstreamError(f"unsupported engine URL {url!r}: plain http://host:port only")
+        raise UpstreamError(f"unsupported engine URL {url!r}: plain http://host:port only",
+                            sent=False)
     port = u.port or 80
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
     return u.hostname, port, path.encode("latin-1"), (u.netloc or u.hostname).encode("latin-1")
@@ -226,10 +227,10 @@ class H1Upstream:
                 _, conn = await loop.create_connection(lambda: _Conn(loop), key[0], key[1])
         except TimeoutError:
             raise UpstreamError(f"connect to {key[0]}:{key[1]} timed out after "
-                                f"{self.connect_timeout_s:g} s") from None
+                                f"{self.connect_timeout_s:g} s", sent=False) from None
         except OSError as exc:
             raise UpstreamError(f"connect to {key[0]}:{key[1]} failed: "
-                                f"{exc.strerror or exc}") from None
+                                f"{exc.strerror or exc}", sent=False) from None
         return conn
 
     def release(self, key: tuple[str, int], conn: _Conn) -> None:
@@ -242,7 +243,8 @@ class H1Upstream:
 
     # ---- requests ---------------------------------------------------------------------
 
-    async def open(self, url: str, payload: bytes, headers: Mapping[str, str]) -> _Response:
+    async def open(self, url: str, payload: bytes, headers: Mapping[str, str],
+                   resend: bool = True) -> _Response:
         host, port, path, host_header = _target(url)
         key = (host, port)
         head = [b"POST ", path, b" HTTP/1.1\r\nHost: ", host_header,
@@ -255,8 +257,8 @@ class H1Upstream:
             try:
                 return await self._exchange(key, conn, data)
             except UpstreamError:
-                if conn.received or not conn.lost:
-                    raise  # an answer began, or the engine is slow: not a stale connection
+                if conn.received or not conn.lost or not resend:
+                    raise  # an answer began, the engine is slow, or the caller forbids it
                 # The engine closed the idle connection as the request went out: it never
                 # saw the request, so send it once more on a new connection.
         return await self._exchange(key, await self._connect(key), data)
@@ -275,8 +277,9 @@ class H1Upstream:
             raise
         return _Response(self, key, conn)
 
-    async def post(self, url: str, payload: bytes, headers: Mapping[str, str]) -> Reply:
-        resp = await self.open(url, payload, headers)
+    async def post(self, url: str, payload: bytes, headers: Mapping[str, str],
+                   resend: bool = True) -> Reply:
+        resp = await self.open(url, payload, headers, resend)
         try:
             return Reply(resp.status, await resp.read())
         finally:

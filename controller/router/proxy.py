@@ -1,12 +1,27 @@
-"""The two-hop proxy: parse -> choose path -> prefill hop -> decode hop (relayed) -> account.
+"""The two-hop proxy: parse -> choose decode -> prefill hop -> decode hop (relayed) -> account.
 
 The disaggregated flow is the one vLLM's NixlConnector expects: the prefill instance gets the
 request with ``max_tokens=1``, ``stream=false`` and ``kv_transfer_params.do_remote_decode``;
-its answer's ``kv_transfer_params`` go, with the original request, to a decode instance,
-which pulls the KV and generates. Prompts shorter than ``disagg_min_prompt_tokens`` -- or
-any request when no prefill instance is ready or the prefill hop fails -- take the colocated
-path: the decode instance prefills itself. An unreachable instance is retried on another
-before any byte has gone to the client.
+its answer's ``kv_transfer_params`` (a *KV handle*: the prefill's blocks, held for a lease) go,
+with the original request, to a decode instance, which pulls the KV and generates. Prompts
+shorter than ``disagg_min_prompt_tokens`` -- or any request when no prefill instance is ready
+or the prefill hop fails -- take the colocated path: the decode instance prefills itself.
+
+The rules that keep vLLM's KV contract (docs/routing-and-accounting.md):
+
+- the decode instance is chosen *before* the prefill hop: no ready decode instance -> 503,
+  never a prefill whose blocks nobody will read;
+- a KV handle is sent to at most one engine, once (no HTTP re-send either). When the decode
+  hop carrying it fails after it may have reached the engine, the request gets one colocated
+  attempt instead -- vLLM does not fail a read of expired or reused blocks, so a second read
+  could return wrong output with HTTP 200;
+- a handle whose decode hop would start later than ``kv.late_hop_share`` of the lease goes
+  colocated;
+- a handle that will not be read (client gone between the hops, no decode instance could
+  take it, late) is released at once: sent to a decode engine in a request its serving layer
+  rejects, which makes vLLM notify the prefill to free the blocks;
+- attempts that may have reached an engine and failed (it died, or answered 5xx) are at most
+  two per request, so a request that kills engines cannot walk the whole pool.
 """
 
 from __future__ import annotations
@@ -16,6 +31,7 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,14 +43,13 @@ from controller.errors import (
     BadRequest,
     NoInstanceAvailable,
     RoutingError,
-    UpstreamFailed,
     UpstreamUnreachable,
 )
 from controller.metrics import Metrics
 from controller.models import Instance, RequestPath, RequestRecord, Role
 from controller.requests_log import RequestLog
 from controller.router.accounting import EngineTimes, Observation, breakdown
-from controller.router.upstream import Stream, Upstream, UpstreamError
+from controller.router.upstream import Reply, Stream, Upstream, UpstreamError
 from controller.tokens import TokenCounter
 
 log = logging.getLogger("pdctl.router")
@@ -44,6 +59,8 @@ NULL_KV_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False,
                   "remote_host": None, "remote_port": None}
 TAIL_BYTES = 16384
 RETRY_PAUSE_S = 0.5  # times the attempt number, before retrying decode instances that failed
+MAX_REACHED_FAILURES = 2  # failed attempts per request that may have reached an engine
+RELEASE_PATH = "/v1/completions"
 
 
 @dataclass
@@ -63,11 +80,14 @@ class Ctx:
     prefill_wall_ms: float = 0.0
     decode: Instance | None = None
     decode_sent: float = 0.0
-    decode_open: bool = False  # a decode response is open and counted in its inflight
+    decode_open: bool = False  # ``decode`` counts this request in its inflight
+    kv_handle: str | None = None  # the prefill's request id, once a decode hop carried it
     first_at: float | None = None
     routed: bool = False  # the first hop has been sent (routing decision observed)
     finished: bool = False  # recorded by ``finish``
     retries: int = 0
+    reached_failures: int = 0  # failed attempts that may have reached an engine
+    failed_decodes: set[str] = field(default_factory=set)  # failed after reaching them
     errors: list[str] = field(default_factory=list)
     strip_usage: bool = False  # the router asked for a usage chunk the client did not
 
@@ -85,6 +105,37 @@ def new_request_id() -> str:
 class PrefillDone:
     instance: Instance
     kv_params: dict[str, Any]
+    answered_at: float  # router clock when the answer arrived: the lease runs from about then
+
+    @property
+    def handle(self) -> str | None:
+        rid = self.kv_params.get("remote_request_id")
+        return rid if isinstance(rid, str) else None
+
+
+class Buffered:
+    """A whole answer read inside its attempt (``Stream`` over bytes already here): a failure
+    while reading it was still retryable, because nothing had reached the client."""
+
+    def __init__(self, status: int, content_type: str, body: bytes) -> None:
+        self.status, self.content_type, self._body = status, content_type, body
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        yield self._body
+
+    async def read(self) -> bytes:
+        return self._body
+
+    def close(self) -> None:
+        pass
+
+
+class AttemptFailed(Exception):
+    """One decode attempt failed; ``reached``: the engine may have received the request."""
+
+    def __init__(self, message: str, reached: bool) -> None:
+        super().__init__(message)
+        self.reached = reached
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -126,6 +177,26 @@ def decode_body(body: dict[str, Any], kv_params: dict[str, Any] | None) -> tuple
     return {**out, "stream_options": {**extra, "include_usage": True}}, True
 
 
+def release_body(model: str, kv_params: dict[str, Any]) -> dict[str, Any]:
+    """A decode-engine request that carries a KV handle and that vLLM's serving layer rejects
+    (``max_tokens`` below 1): vLLM then tells the prefill engine to free the handle's blocks
+    (``notify_kv_transfer_request_rejected``), reading nothing."""
+    return {"model": model, "prompt": [0], "max_tokens": -1, "stream": False,
+            "kv_transfer_params": kv_params}
+
+
+def kv_params_of(reply: Reply) -> dict[str, Any] | None:
+    """The ``kv_transfer_params`` of a successful prefill answer, else None."""
+    if reply.status != 200:
+        return None
+    try:
+        data = orjson.loads(reply.body)
+    except ValueError:
+        return None
+    kv = data.get("kv_transfer_params") if isinstance(data, dict) else None
+    return kv if isinstance(kv, dict) else None
+
+
 EMPTY_CHOICES, EMPTY_CHOICES_SPACED = b'"choices":[]', b'"choices": []'
 
 
@@ -144,21 +215,22 @@ def strip_usage_event(chunk: bytes) -> bytes:
     return b"\n\n".join(e for e in chunk.split(b"\n\n") if not _usage_only(e))
 
 
-def _is_kv_load_failure(body: bytes) -> bool:
-    return b"kv_load_failure" in body or b"KV load" in body
-
-
 class Proxy:
     def __init__(self, cluster: Cluster, upstream: Upstream, counter: TokenCounter,
-                 requests: RequestLog, metrics: Metrics) -> None:
+                 requests: RequestLog, metrics: Metrics,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.cluster = cluster
         self.upstream = upstream
         self.counter = counter
         self.requests = requests
         self.metrics = metrics
+        self.clock = clock
         s = cluster.settings
         self._link = profiles.link(s.hardware.kv_link)
         self._block = s.kv_block_size
+        self._late_s = s.kv.lease_s * s.kv.late_hop_share
+        self._model = s.model.public_name
+        self._background: set[asyncio.Task[None]] = set()
 
     # ---- entry -----------------------------------------------------------------------
 
@@ -174,31 +246,33 @@ class Proxy:
                    t0=t0, started_at=started_at)
 
     async def open(self, ctx: Ctx) -> Stream:
-        """Run the prefill hop (when the path is disaggregated) and open the decode hop.
+        """Choose the decode instance, run the prefill hop (disaggregated path) and open the
+        decode hop.
 
-        Returns the decode engine's response with status read and body not yet consumed;
-        the caller relays it, closes it and then calls ``finish``.
+        Returns the decode engine's answer: a live stream (streaming, status 200) or the
+        whole answer; the caller relays it, closes it and then calls ``finish``.
         """
-        kv_params = None
+        first = self.cluster.pick(Role.DECODE, set())
+        if first is None:
+            raise NoInstanceAvailable("no ready decode instance")
+        self._assign_decode(ctx, first)
         threshold = self.cluster.routing.disagg_min_prompt_tokens
         if ctx.prompt_tokens >= threshold and self.cluster.ready(Role.PREFILL):
             ctx.path = RequestPath.DISAGGREGATED  # also when cancelled during the prefill hop
             done = await self._prefill(ctx)
-            if done is None:
-                ctx.path = RequestPath.COLOCATED
-            else:
-                kv_params = done.kv_params
-        try:
-            return await self._open_decode(ctx, kv_params)
-        except UpstreamFailed as exc:
-            if kv_params is None or not exc.kv_load_failure:
-                raise
-            # The decode engine could not load the KV (prefill gone, handle expired): serve
-            # the request colocated instead of failing it.
-            ctx.errors.append(f"KV load failed on {ctx.decode.id if ctx.decode else '?'}")
+            if done is not None:
+                resp = await self._decode_with_kv(ctx, done)
+                if resp is not None:
+                    return resp
             ctx.path = RequestPath.COLOCATED
-            ctx.retries += 1
-            return await self._open_decode(ctx, None)
+        return await self._colocated(ctx)
+
+    async def close(self) -> None:
+        """Wait briefly for the releases in flight; cancel what is left."""
+        if self._background:
+            _, pending = await asyncio.wait(set(self._background), timeout=5.0)
+            for task in pending:
+                task.cancel()
 
     # ---- hops ------------------------------------------------------------------------
 
@@ -214,6 +288,16 @@ class Proxy:
             self.metrics.routing_decision.observe(now - ctx.t0)
         return now
 
+    def _assign_decode(self, ctx: Ctx, inst: Instance) -> None:
+        """Make ``inst`` the request's decode instance, counted in its inflight from now on
+        (a draining instance waits for it)."""
+        if ctx.decode is inst and ctx.decode_open:
+            return
+        if ctx.decode is not None and ctx.decode_open:
+            ctx.decode.inflight -= 1
+        inst.inflight += 1
+        ctx.decode, ctx.decode_open = inst, True
+
     async def _prefill(self, ctx: Ctx) -> PrefillDone | None:
         payload = orjson.dumps(prefill_body(ctx.body))
         tried: set[str] = set()
@@ -223,89 +307,182 @@ class Proxy:
                 break
             tried.add(inst.id)
             sent = self._sending(ctx)
-            inst.inflight += 1
-            try:
-                r = await self.upstream.post(f"{inst.url}{ctx.endpoint}", payload,
-                                             self._headers(ctx))
-            except UpstreamError as exc:
-                self._unreachable(ctx, inst, exc)
+            reply = await self._prefill_hop(ctx, inst, payload)
+            if reply is None:
                 continue
-            finally:
-                inst.inflight -= 1
-            if r.status != 200:
-                ctx.errors.append(f"prefill {inst.id} answered {r.status}")
+            kv = kv_params_of(reply)
+            if kv is None:
+                ctx.errors.append(f"prefill {inst.id} answered {reply.status}"
+                                  + ("" if reply.status != 200 else " with no kv_transfer_params"))
                 ctx.retries += 1
                 continue
-            try:
-                data = orjson.loads(r.body)
-            except ValueError:
-                data = None
-            kv = data.get("kv_transfer_params") if isinstance(data, dict) else None
-            if not isinstance(kv, dict):
-                ctx.errors.append(f"prefill {inst.id} returned no kv_transfer_params")
-                continue
-            assert isinstance(data, dict)
+            data = orjson.loads(reply.body)
             ctx.prefill = inst
             ctx.prefill_times = EngineTimes.parse(data.get("metrics"))
             ctx.prefill_wall_ms = (time.perf_counter() - sent) * 1e3
-            return PrefillDone(inst, kv)
+            return PrefillDone(inst, kv, self.clock())
         log.warning("%s: prefill hop failed (%s); serving colocated", ctx.rid,
                     "; ".join(ctx.errors) or "no prefill instance")
         return None
 
-    def _unreachable(self, ctx: Ctx, inst: Instance, exc: Exception) -> None:
-        msg = f"{inst.id} unreachable: {exc}"
-        ctx.errors.append(msg)
-        ctx.retries += 1
-        self.cluster.report_unreachable(inst, msg)
+    async def _prefill_hop(self, ctx: Ctx, inst: Instance, payload: bytes) -> Reply | None:
+        """POST the prefill hop. If the client leaves meanwhile, the hop is left to finish and
+        whatever KV it holds is released: aborting it instead would race with its end, and an
+        answer lost in that race leaves its blocks held for the whole lease."""
+        inst.inflight += 1
+        hop = asyncio.ensure_future(
+            self.upstream.post(f"{inst.url}{ctx.endpoint}", payload, self._headers(ctx)))
+        try:
+            reply = await asyncio.shield(hop)
+        except asyncio.CancelledError:
+            # ``_release_after`` ends the hop's inflight count when the hop is over.
+            self._spawn(self._release_after(hop, inst, ctx.decode, ctx.rid))
+            raise
+        except UpstreamError as exc:
+            inst.inflight -= 1
+            self._unreachable(ctx, inst, exc)
+            return None
+        except BaseException:
+            inst.inflight -= 1
+            raise
+        inst.inflight -= 1
+        return reply
 
-    async def _open_decode(self, ctx: Ctx, kv_params: dict[str, Any] | None) -> Stream:
-        body, ctx.strip_usage = decode_body(ctx.body, kv_params)
+    async def _release_after(self, hop: asyncio.Future[Reply], prefill: Instance,
+                             decode: Instance | None, rid: str) -> None:
+        try:
+            reply = await hop
+        except (UpstreamError, asyncio.CancelledError):
+            return  # no answer: the engine aborted the request or failed; nothing is held
+        finally:
+            prefill.inflight -= 1
+        kv = kv_params_of(reply)
+        if kv is not None:
+            await self._release(kv, decode, "client_gone", rid)
+
+    async def _decode_with_kv(self, ctx: Ctx, done: PrefillDone) -> Stream | None:
+        """The decode hop carrying the prefill's KV handle, sent once. None: serve the
+        request colocated (the handle was released, or may have been read)."""
+        body, ctx.strip_usage = decode_body(ctx.body, done.kv_params)
         payload = orjson.dumps(body)
         tried: set[str] = set()
-        for attempt in range(self.cluster.routing.max_attempts):
+        inst: Instance | None = ctx.decode
+        while inst is not None and len(tried) < self.cluster.routing.max_attempts:
+            late = self.clock() - done.answered_at
+            if late > self._late_s:
+                ctx.errors.append(f"decode hop {late:.1f} s after the prefill answered (limit "
+                                  f"{self._late_s:g} s of a {self.cluster.settings.kv.lease_s} s "
+                                  "lease)")
+                self._spawn(self._release(done.kv_params, inst, "late", ctx.rid))
+                return None
+            self._assign_decode(ctx, inst)
+            tried.add(inst.id)
+            try:
+                resp = await self._attempt(ctx, inst, payload, resend=False)
+            except AttemptFailed as exc:
+                if exc.reached:
+                    # The handle may have been read: it is never sent again.
+                    ctx.kv_handle = done.handle
+                    return None
+            else:
+                ctx.kv_handle = done.handle
+                return resp
             inst = self.cluster.pick(Role.DECODE, tried)
-            if inst is None and tried:
-                # Every ready decode instance failed once. Nothing reached the client yet, so
-                # try them again after a pause rather than fail the request.
+        self._spawn(self._release(done.kv_params, ctx.decode, "decode_unavailable", ctx.rid))
+        return None
+
+    async def _colocated(self, ctx: Ctx) -> Stream:
+        body, ctx.strip_usage = decode_body(ctx.body, None)
+        payload = orjson.dumps(body)
+        tried = set(ctx.failed_decodes)
+        inst: Instance | None = ctx.decode
+        for attempt in range(self.cluster.routing.max_attempts):
+            if inst is None or inst.id in tried or inst.state.terminal:
+                inst = self.cluster.pick(Role.DECODE, tried)
+            if inst is None and tried - ctx.failed_decodes:
+                # Every other ready decode instance could not be reached once. Nothing went
+                # to the client yet, so try them again after a pause rather than fail.
                 await asyncio.sleep(RETRY_PAUSE_S * attempt)
-                tried.clear()
+                tried = set(ctx.failed_decodes)
                 inst = self.cluster.pick(Role.DECODE, tried)
             if inst is None:
                 break
+            self._assign_decode(ctx, inst)
             tried.add(inst.id)
-            inst.inflight += 1
-            ctx.decode = inst
-            ctx.decode_sent = self._sending(ctx)
             try:
-                resp = await self.upstream.open(f"{inst.url}{ctx.endpoint}", payload,
-                                                self._headers(ctx))
-            except UpstreamError as exc:
-                inst.inflight -= 1
-                self._unreachable(ctx, inst, exc)
-                continue
-            except BaseException:
-                inst.inflight -= 1
-                raise
-            if resp.status < 500:
-                ctx.decode_open = True
-                return resp
-            try:
-                text = await resp.read()
-            except UpstreamError:
-                text = b""
-            finally:
-                resp.close()
-                inst.inflight -= 1
-            if kv_params is not None and _is_kv_load_failure(text):
-                raise UpstreamFailed(f"decode {inst.id} could not load the KV cache",
-                                     resp.status, text, kv_load_failure=True)
-            ctx.errors.append(f"decode {inst.id} answered {resp.status}")
-            ctx.retries += 1
+                return await self._attempt(ctx, inst, payload, resend=True)
+            except AttemptFailed:
+                if ctx.reached_failures >= MAX_REACHED_FAILURES:
+                    break
+            inst = None
         if ctx.errors:
             raise UpstreamUnreachable("no decode instance could serve the request: "
                                       + "; ".join(ctx.errors[-3:]))
         raise NoInstanceAvailable("no ready decode instance")
+
+    async def _attempt(self, ctx: Ctx, inst: Instance, payload: bytes, resend: bool) -> Stream:
+        """One decode hop to ``inst``: a live stream (streaming, 200) or the whole answer.
+        Raises ``AttemptFailed`` for an unreachable engine, a lost connection or a 5xx."""
+        ctx.decode_sent = self._sending(ctx)
+        try:
+            resp = await self.upstream.open(f"{inst.url}{ctx.endpoint}", payload,
+                                            self._headers(ctx), resend)
+        except UpstreamError as exc:
+            self._unreachable(ctx, inst, exc)
+            raise self._failed(ctx, inst, str(exc), exc.sent) from None
+        if resp.status < 500 and ctx.stream and resp.status == 200:
+            return resp
+        try:
+            content = await resp.read()
+        except UpstreamError as exc:
+            self._unreachable(ctx, inst, exc)
+            raise self._failed(ctx, inst, f"{inst.id} failed before answering: {exc}",
+                               True) from None
+        finally:
+            resp.close()
+        if resp.status >= 500:
+            ctx.errors.append(f"decode {inst.id} answered {resp.status}")
+            raise self._failed(ctx, inst, f"{inst.id} answered {resp.status}", True)
+        return Buffered(resp.status, resp.content_type, content)
+
+    def _failed(self, ctx: Ctx, inst: Instance, message: str, reached: bool) -> AttemptFailed:
+        ctx.retries += 1
+        if reached:
+            ctx.reached_failures += 1
+            ctx.failed_decodes.add(inst.id)
+        return AttemptFailed(message, reached)
+
+    def _unreachable(self, ctx: Ctx, inst: Instance, exc: Exception) -> None:
+        msg = f"{inst.id} unreachable: {exc}"
+        ctx.errors.append(msg)
+        self.cluster.report_unreachable(inst, msg)
+
+    # ---- releasing KV that will not be read ------------------------------------------
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _release(self, kv: dict[str, Any], hint: Instance | None, reason: str,
+                       rid: str) -> None:
+        """Have a decode engine tell the prefill to free a handle's blocks; counted."""
+        inst = hint if hint is not None and not hint.state.terminal else None
+        inst = inst or self.cluster.pick(Role.DECODE, set())
+        outcome = "failed"
+        if inst is not None:
+            payload = orjson.dumps(release_body(self._model, kv))
+            headers = {"X-Request-Id": f"{rid}-release", "Content-Type": "application/json"}
+            try:
+                reply = await self.upstream.post(f"{inst.url}{RELEASE_PATH}", payload, headers,
+                                                 resend=False)
+                outcome = "ok" if reply.status < 500 else "failed"
+            except UpstreamError as exc:
+                log.warning("%s: releasing KV handle through %s failed: %s", rid, inst.id, exc)
+        self.metrics.kv_releases.labels(reason, outcome).inc()
+        if outcome == "failed":
+            log.warning("%s: KV handle %s not released (%s); the prefill frees it when its "
+                        "lease expires", rid, kv.get("remote_request_id"), reason)
 
     # ---- accounting --------------------------------------------------------------------
 
@@ -348,7 +525,7 @@ class Proxy:
             decode_sched_ms=b.decode_sched_ms, overhead_ms=b.overhead_ms, ttft_ms=b.ttft_ms,
             itl_ms=decode_times.itl_ms if decode_times else 0.0,
             e2e_ms=round((now - ctx.t0) * 1e3, 3), kv_bytes=kv_bytes, retries=ctx.retries,
-            error=error,
+            error=error, kv_handle=ctx.kv_handle,
         )
         self.requests.add(rec)
         self.metrics.observe(rec)

@@ -12,7 +12,15 @@ from typing import Protocol
 
 
 class UpstreamError(Exception):
-    """The instance could not be reached, or the connection failed before an answer."""
+    """The instance could not be reached, or the connection failed before an answer.
+
+    ``sent`` is False only when the request surely never reached the engine (connecting
+    failed); otherwise the engine may have received, and acted on, the request.
+    """
+
+    def __init__(self, message: str, sent: bool = True) -> None:
+        super().__init__(message)
+        self.sent = sent
 
 
 @dataclass
@@ -39,8 +47,14 @@ class Stream(Protocol):
 
 
 class Upstream(Protocol):
-    async def post(self, url: str, payload: bytes, headers: Mapping[str, str]) -> Reply: ...
+    """``resend=False``: never send the request a second time, not even on a new connection
+    after a reused one was lost (a body carrying a KV handle must reach at most one engine
+    once)."""
 
-    async def open(self, url: str, payload: bytes, headers: Mapping[str, str]) -> Stream: ...
+    async def post(self, url: str, payload: bytes, headers: Mapping[str, str],
+                   resend: bool = True) -> Reply: ...
+
+    async def open(self, url: str, payload: bytes, headers: Mapping[str, str],
+                   resend: bool = True) -> Stream: ...
 
     async def close(self) -> None: ...

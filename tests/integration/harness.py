@@ -143,8 +143,12 @@ class Load:
 
     def __init__(self, url: str, workers: int = 6, max_tokens: int = 8,
                  model: str = "llama-3-70b", extra: dict[str, Any] | None = None,
-                 timeout_s: float = 60.0, pause_s: float = 0.0) -> None:
+                 timeout_s: float = 60.0, pause_s: float = 0.0,
+                 streaming: bool | None = None, long_only: bool = False) -> None:
+        """``streaming``: None alternates streaming and not; ``long_only``: every prompt
+        long enough to go disaggregated."""
         self.url, self.workers, self.max_tokens = url, workers, max_tokens
+        self.streaming, self.long_only = streaming, long_only
         self.model, self.extra = model, extra or {}
         self.timeout_s, self.pause_s = timeout_s, pause_s
         self.result = LoadResult()
@@ -171,8 +175,8 @@ class Load:
         n = 0
         while not self._stop.is_set():
             n += 1
-            stream = (n + w) % 2 == 0
-            prompt = LONG_PROMPT if (n + w) % 3 else SHORT_PROMPT
+            stream = (n + w) % 2 == 0 if self.streaming is None else self.streaming
+            prompt = LONG_PROMPT if self.long_only or (n + w) % 3 else SHORT_PROMPT
             body = {"model": self.model, "prompt": f"{w}-{n} {prompt}",
                     "max_tokens": self.max_tokens, "stream": stream, **self.extra}
             try:

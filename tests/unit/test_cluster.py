@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controller.cluster import Cluster, Probe, count_failures
+from controller.cluster import Cluster, Probe, count_failures, quarantine_s
 from controller.config import load_settings
 from controller.errors import InvalidChange
 from controller.launchers.base import Launched, Launcher, LaunchSpec
@@ -218,3 +218,60 @@ async def test_timeouts_across_the_fleet_do_not_fail_it(
         clock.t += cluster.settings.controller.health_interval_s
         await cluster.tick()
     assert {i.id for i in cluster.instances.values() if i.state is InstanceState.READY} == ready
+
+
+@pytest.mark.parametrize(("crashes", "wait"), [(1, None), (2, None), (3, 30.0), (4, 60.0),
+                                               (9, 600.0)])
+def test_quarantine_grows_with_crashes_in_the_window(crashes: int, wait: float | None) -> None:
+    assert quarantine_s(crashes, after=3) == wait
+
+
+async def test_a_decode_pool_that_keeps_crashing_in_service_is_quarantined(
+        env: tuple[Cluster, FakeLauncher, Clock, Store]) -> None:
+    """Like the AMX crash: each replacement becomes ready, then dies on its first
+    disaggregated request. Readiness must not reset the count; the third crash stops the
+    restarts for 30 s, visibly."""
+    cluster, launcher, clock, store = env
+    await _ready_pools(env)
+    for n in range(3):
+        [d] = cluster.ready(Role.DECODE)
+        launcher.exited[d.id] = -4
+        await cluster.tick()
+        assert d.last_error == "process exited with status -4 (SIGILL)"
+        if n == 2:
+            break
+        assert cluster.pool_view(Role.DECODE)["quarantine"] is None
+        clock.t += 20  # past the start backoff: a replacement starts and becomes ready
+        await cluster.tick()
+        launcher.healthy = {s.instance_id for s in launcher.started}
+        clock.t += 1
+        await cluster.tick()
+    view = cluster.pool_view(Role.DECODE)["quarantine"]
+    assert view is not None and view["crashes"] == 3 and 0 < view["remaining_s"] <= 30
+    assert "SIGILL" in view["last_error"]
+    [event] = [e for e in store.events() if e["kind"] == "pool.quarantined"]
+    assert event["target"] == "decode" and "3 crashes" in event["detail"]
+    starts = len(launcher.started)
+    clock.t += 20
+    await cluster.tick()
+    assert len(launcher.started) == starts  # quarantined: no restart yet
+    clock.t += 15
+    await cluster.tick()
+    assert len(launcher.started) == starts + 1
+    assert cluster.pool_view(Role.DECODE)["quarantine"] is None
+
+
+async def test_crashes_outside_the_window_are_forgotten(
+        env: tuple[Cluster, FakeLauncher, Clock, Store]) -> None:
+    cluster, launcher, clock, _ = env
+    await _ready_pools(env)
+    for _ in range(3):
+        [d] = cluster.ready(Role.DECODE)
+        launcher.exited[d.id] = -9
+        await cluster.tick()
+        clock.t += cluster.settings.controller.crash_window_s / 2 + 1
+        await cluster.tick()
+        launcher.healthy = {s.instance_id for s in launcher.started}
+        clock.t += 1
+        await cluster.tick()
+    assert cluster.quarantine[Role.DECODE] is None

@@ -61,13 +61,15 @@ class FlakyEngine:
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    async def post(self, url: str, payload: bytes, headers: Mapping[str, str]) -> Reply:
+    async def post(self, url: str, payload: bytes, headers: Mapping[str, str],
+                   resend: bool = True) -> Reply:
         raise AssertionError("no prefill hop expected")
 
-    async def open(self, url: str, payload: bytes, headers: Mapping[str, str]) -> Answer:
+    async def open(self, url: str, payload: bytes, headers: Mapping[str, str],
+                   resend: bool = True) -> Answer:
         self.calls.append(url)
         if len(self.calls) == 1:
-            raise UpstreamError("ConnectionTimeoutError: slow accept")
+            raise UpstreamError("ConnectionTimeoutError: slow accept", sent=False)
         return Answer()
 
     async def close(self) -> None:
@@ -84,10 +86,13 @@ async def test_a_request_cancelled_during_its_prefill_hop_is_recorded_disaggrega
                                           state=InstanceState.READY)
     cluster._refresh_membership()
 
+    gate = asyncio.Event()
+
     class SlowPrefill(FlakyEngine):
-        async def post(self, url: str, payload: bytes, headers: Mapping[str, str]) -> Reply:
-            await asyncio.sleep(10)
-            raise AssertionError("cancelled before")
+        async def post(self, url: str, payload: bytes, headers: Mapping[str, str],
+                       resend: bool = True) -> Reply:
+            await gate.wait()
+            raise UpstreamError("the engine aborted the request")
 
     proxy = Proxy(cluster, SlowPrefill(), EstimatingCounter(), RequestLog(100), Metrics())
     ctx = proxy.new_ctx("/v1/completions", b'{"prompt": "a long prompt", "max_tokens": 2}',
@@ -100,4 +105,9 @@ async def test_a_request_cancelled_during_its_prefill_hop_is_recorded_disaggrega
     rec = proxy.finish(ctx, "cancelled", None, "client disconnected")
     assert rec.path.value == "disaggregated" and rec.status == "cancelled"
     assert rec.kv_bytes == 0  # no KV was produced, so none is counted as moved
+    # The hop is left to end (so that KV it may hold is released), then stops counting.
+    assert cluster.instances["prefill-1"].inflight == 1
+    gate.set()
+    await asyncio.sleep(0.05)
     assert cluster.instances["prefill-1"].inflight == 0
+    assert cluster.instances["decode-1"].inflight == 0

@@ -1,0 +1,168 @@
+"""A scriptable ``Upstream`` for router tests: per-instance behaviour, every delivered request
+recorded with its body, and the proxy wired to a cluster of ready fake instances."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from controller.cluster import Cluster
+from controller.config import load_settings
+from controller.metrics import Metrics
+from controller.models import Instance, InstanceState, Role
+from controller.requests_log import RequestLog
+from controller.router.proxy import Proxy
+from controller.router.upstream import Reply, UpstreamError
+from controller.store import Store
+from controller.tokens import EstimatingCounter
+from tests.unit.test_cluster import FakeLauncher
+
+KV = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "p-engine",
+      "remote_request_id": "handle-1", "remote_block_ids": [[1, 2]],
+      "remote_host": "127.0.0.1", "remote_port": 5600, "tp_size": 1}
+
+
+class Answer:
+    """A ``Stream`` over a fixed body."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        self.status = status
+        self.content_type = "application/json"
+        self._body = json.dumps(body).encode()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        yield self._body
+
+    async def read(self) -> bytes:
+        return self._body
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class Call:
+    host: str  # the instance id (fake URLs are http://<id>)
+    path: str
+    body: dict[str, Any]
+    resend: bool
+
+    @property
+    def kv(self) -> dict[str, Any] | None:
+        kv = self.body.get("kv_transfer_params")
+        return kv if isinstance(kv, dict) else None
+
+    @property
+    def is_release(self) -> bool:
+        return self.body.get("max_tokens") == -1
+
+
+Behaviour = Callable[[Call], Awaitable[Answer]]
+
+
+async def prefill_ok(call: Call) -> Answer:
+    return Answer(200, {"choices": [{"text": "x"}], "kv_transfer_params": KV,
+                        "usage": {"prompt_tokens": 10, "completion_tokens": 1}})
+
+
+async def decode_ok(call: Call) -> Answer:
+    if call.is_release:
+        return Answer(400, {"error": {"message": "max_tokens must be at least 1"}})
+    return Answer(200, {"choices": [{"text": "ok"}],
+                        "usage": {"prompt_tokens": 10, "completion_tokens": 2}})
+
+
+async def died(call: Call) -> Answer:
+    raise UpstreamError("connection closed before the response was complete", sent=True)
+
+
+async def refused(call: Call) -> Answer:
+    raise UpstreamError("connect to x failed: Connection refused", sent=False)
+
+
+async def answers_503(call: Call) -> Answer:
+    return Answer(503, {"error": {"message": "engine dead"}})
+
+
+@dataclass
+class FakeEngines:
+    """``Upstream`` whose instances behave as scripted; ``calls`` are the requests that
+    reached an engine (a refused connection is not one)."""
+
+    behaviour: dict[str, Behaviour] = field(default_factory=dict)
+    calls: list[Call] = field(default_factory=list)
+    attempts: list[Call] = field(default_factory=list)
+
+    def _call(self, url: str, payload: bytes, resend: bool) -> Call:
+        u = httpx.URL(url)
+        return Call(u.host, u.path, json.loads(payload), resend)
+
+    async def _run(self, url: str, payload: bytes, resend: bool) -> Answer:
+        call = self._call(url, payload, resend)
+        self.attempts.append(call)
+        how = self.behaviour.get(call.host) or (
+            prefill_ok if call.host.startswith("prefill") else decode_ok)
+        try:
+            answer = await how(call)
+        except UpstreamError as exc:
+            if exc.sent:
+                self.calls.append(call)
+            raise
+        self.calls.append(call)
+        return answer
+
+    async def post(self, url: str, payload: bytes, headers: Mapping[str, str],
+                   resend: bool = True) -> Reply:
+        a = await self._run(url, payload, resend)
+        return Reply(a.status, await a.read())
+
+    async def open(self, url: str, payload: bytes, headers: Mapping[str, str],
+                   resend: bool = True) -> Answer:
+        return await self._run(url, payload, resend)
+
+    async def close(self) -> None:
+        pass
+
+    def kv_deliveries(self) -> list[Call]:
+        """Decode-side requests that carried the prefill's handle, releases included."""
+        return [c for c in self.calls
+                if c.host.startswith("decode") and c.kv and c.kv.get("do_remote_prefill")]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make_proxy(tmp_path: Path, engines: FakeEngines, prefill: int = 1, decode: int = 2,
+               clock: Clock | None = None, **settings: Any) -> tuple[Proxy, Cluster]:
+    routing = {"disagg_min_prompt_tokens": 4, "decode_policy": "round_robin",
+               **settings.pop("routing", {})}
+    s = load_settings(None, controller={"state_dir": tmp_path}, routing=routing, **settings)
+    cluster = Cluster(s, Store(tmp_path / "s.db"), FakeLauncher(), httpx.AsyncClient())
+    for role, n in ((Role.PREFILL, prefill), (Role.DECODE, decode)):
+        for k in range(1, n + 1):
+            iid = f"{role.value}-{k}"
+            cluster.instances[iid] = Instance(iid, role, 1, f"http://{iid}",
+                                              state=InstanceState.READY)
+    cluster._refresh_membership()
+    proxy = Proxy(cluster, engines, EstimatingCounter(), RequestLog(100), Metrics(),
+                  clock=clock or Clock())
+    return proxy, cluster
+
+
+async def settle(proxy: Proxy) -> None:
+    """Let the proxy's background releases finish."""
+    for _ in range(50):
+        if not proxy._background:
+            return
+        await asyncio.sleep(0.01)

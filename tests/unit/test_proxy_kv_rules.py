@@ -1,0 +1,198 @@
+"""The router keeps vLLM's KV contract (proxy module docstring): decode chosen before the
+prefill hop, a KV handle delivered at most once, late hops colocated, unread handles
+released, at most two failed attempts that reached an engine."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from controller.errors import NoInstanceAvailable, UpstreamUnreachable
+from controller.models import RequestPath
+from controller.router.proxy import Proxy
+from tests.unit.fake_engines import (
+    KV,
+    Answer,
+    Call,
+    Clock,
+    FakeEngines,
+    answers_503,
+    died,
+    make_proxy,
+    prefill_ok,
+    refused,
+    settle,
+)
+
+LONG = b'{"prompt": "a prompt long enough to go disaggregated", "max_tokens": 2}'
+
+
+async def serve(proxy: Proxy, raw: bytes = LONG) -> tuple[int, RequestPath]:
+    ctx = proxy.new_ctx("/v1/completions", raw, None)
+    resp = await proxy.open(ctx)
+    body = await resp.read()
+    resp.close()
+    proxy.finish(ctx, "ok" if resp.status == 200 else "error", None)
+    assert body
+    return resp.status, ctx.path
+
+
+def releases(metric_proxy: Proxy, reason: str, result: str = "ok") -> float:
+    return metric_proxy.metrics.kv_releases.labels(reason, result)._value.get()
+
+
+async def test_no_ready_decode_means_503_and_no_prefill_hop(tmp_path: Path) -> None:
+    engines = FakeEngines()
+    proxy, _ = make_proxy(tmp_path, engines, decode=0)
+    ctx = proxy.new_ctx("/v1/completions", LONG, None)
+    with pytest.raises(NoInstanceAvailable):
+        await proxy.open(ctx)
+    assert engines.attempts == []  # the prefill was never asked to hold blocks for nobody
+
+
+async def test_handshake_goes_to_the_decode_chosen_first_and_exactly_once(tmp_path: Path
+                                                                          ) -> None:
+    engines = FakeEngines()
+    proxy, cluster = make_proxy(tmp_path, engines)
+    status, path = await serve(proxy)
+    assert (status, path) == (200, RequestPath.DISAGGREGATED)
+    [hop] = engines.kv_deliveries()
+    assert hop.kv == KV and hop.resend is False  # not even the HTTP client may re-send it
+    assert [c.host for c in engines.calls] == ["prefill-1", hop.host]
+    assert all(i.inflight == 0 for i in cluster.instances.values())
+
+
+@pytest.mark.parametrize("failure", [died, answers_503])
+async def test_a_failed_decode_hop_is_retried_colocated_never_with_the_same_handle(
+        tmp_path: Path, failure: object) -> None:
+    engines = FakeEngines({"decode-1": failure})  # type: ignore[dict-item]
+    proxy, cluster = make_proxy(tmp_path, engines)
+    status, path = await serve(proxy)
+    await settle(proxy)
+    assert (status, path) == (200, RequestPath.COLOCATED)
+    assert [c.host for c in engines.kv_deliveries()] == ["decode-1"]
+    last = engines.calls[-1]
+    assert last.host == "decode-2" and last.kv is None
+    rec = proxy.requests.recent(1)[0]
+    assert rec.kv_handle == "handle-1" and rec.prefill_instance == "prefill-1"
+    assert rec.kv_bytes == 0 and rec.retries == 1
+    assert releases(proxy, "decode_unavailable") == 0  # the engine may be reading it: no release
+    assert all(i.inflight == 0 for i in cluster.instances.values())
+
+
+async def test_an_unreachable_decode_never_received_the_handle_so_another_may(tmp_path: Path
+                                                                              ) -> None:
+    engines = FakeEngines({"decode-1": refused})
+    proxy, _ = make_proxy(tmp_path, engines)
+    status, path = await serve(proxy)
+    assert (status, path) == (200, RequestPath.DISAGGREGATED)
+    assert [c.host for c in engines.kv_deliveries()] == ["decode-2"]
+
+
+async def test_a_handle_no_decode_could_take_is_released_and_the_request_fails_clearly(
+        tmp_path: Path) -> None:
+    engines = FakeEngines({"decode-1": refused, "decode-2": refused})
+    proxy, _ = make_proxy(tmp_path, engines, routing={"max_attempts": 2,
+                                                      "disagg_min_prompt_tokens": 4})
+    ctx = proxy.new_ctx("/v1/completions", LONG, None)
+    with pytest.raises(UpstreamUnreachable):
+        await proxy.open(ctx)
+    await settle(proxy)
+    assert engines.kv_deliveries() == []
+    assert releases(proxy, "decode_unavailable", "failed") == 1  # no engine to release through
+
+
+async def test_a_late_decode_hop_goes_colocated_and_the_handle_is_released(tmp_path: Path
+                                                                          ) -> None:
+    clock = Clock()
+
+    async def connect_timeout(call: Call) -> Answer:
+        clock.t += 16.0  # the next decode hop would leave 16 s into a 30 s lease
+        return await refused(call)
+
+    engines = FakeEngines({"decode-1": connect_timeout})
+    proxy, _ = make_proxy(tmp_path, engines, clock=clock)
+    status, path = await serve(proxy)
+    await settle(proxy)
+    assert (status, path) == (200, RequestPath.COLOCATED)
+    [release] = engines.kv_deliveries()
+    assert release.is_release and release.kv == KV and release.path == "/v1/completions"
+    assert releases(proxy, "late") == 1
+    served = [c for c in engines.calls if c.host.startswith("decode") and not c.is_release]
+    assert [c.kv for c in served] == [None]
+
+
+async def test_in_time_hop_is_not_late(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def prefill_14s(call: Call) -> Answer:
+        clock.t += 14.0  # the prefill itself took long; the lease starts when it answered
+        return await prefill_ok(call)
+
+    engines = FakeEngines({"prefill-1": prefill_14s})
+    proxy, _ = make_proxy(tmp_path, engines, clock=clock)
+    assert await serve(proxy) == (200, RequestPath.DISAGGREGATED)
+
+
+async def test_a_client_gone_during_the_prefill_hop_gets_its_blocks_released(tmp_path: Path
+                                                                             ) -> None:
+    gate = asyncio.Event()
+
+    async def gated_prefill(call: Call) -> Answer:
+        await gate.wait()
+        return await prefill_ok(call)
+
+    engines = FakeEngines({"prefill-1": gated_prefill})
+    proxy, cluster = make_proxy(tmp_path, engines)
+    ctx = proxy.new_ctx("/v1/completions", LONG, None)
+    task = asyncio.create_task(proxy.open(ctx))
+    await asyncio.sleep(0.02)
+    task.cancel()  # the client left while the prefill was computing
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    rec = proxy.finish(ctx, "cancelled", None, "client disconnected")
+    assert rec.path is RequestPath.DISAGGREGATED and rec.kv_bytes == 0
+    assert cluster.instances["prefill-1"].inflight == 1  # the hop is still running
+    gate.set()
+    await settle(proxy)
+    [release] = engines.kv_deliveries()
+    assert release.is_release and release.kv == KV
+    assert releases(proxy, "client_gone") == 1
+    assert all(i.inflight == 0 for i in cluster.instances.values())
+
+
+async def test_at_most_two_attempts_that_reach_an_engine(tmp_path: Path) -> None:
+    """A request that kills decode engines cannot walk the whole pool."""
+    engines = FakeEngines({"decode-1": died, "decode-2": died, "decode-3": died})
+    proxy, cluster = make_proxy(tmp_path, engines, decode=3, routing={
+        "max_attempts": 5, "disagg_min_prompt_tokens": 4, "decode_policy": "round_robin"})
+    ctx = proxy.new_ctx("/v1/completions", LONG, None)
+    with pytest.raises(UpstreamUnreachable):
+        await proxy.open(ctx)
+    reached = [c for c in engines.calls if c.host.startswith("decode") and not c.is_release]
+    assert len(reached) == 2 and len({c.host for c in reached}) == 2
+    assert reached[0].kv is not None and reached[1].kv is None
+    proxy.fail(ctx, UpstreamUnreachable("x"))
+    assert all(i.inflight == 0 for i in cluster.instances.values())
+
+
+async def test_colocated_request_is_retried_once_after_its_engine_died(tmp_path: Path) -> None:
+    engines = FakeEngines({"decode-1": died})
+    proxy, _ = make_proxy(tmp_path, engines, prefill=0)
+    status, path = await serve(proxy, b'{"prompt": "hi", "max_tokens": 2}')
+    assert (status, path) == (200, RequestPath.COLOCATED)
+    assert [c.host for c in engines.calls] == ["decode-1", "decode-2"]
+
+
+async def test_client_errors_from_the_decode_engine_are_passed_on_not_retried(tmp_path: Path
+                                                                             ) -> None:
+    async def bad_request(call: Call) -> Answer:
+        return Answer(400, {"error": {"message": "max_tokens must be at least 1"}})
+
+    engines = FakeEngines({"decode-1": bad_request, "decode-2": bad_request})
+    proxy, _ = make_proxy(tmp_path, engines)
+    status, path = await serve(proxy)
+    assert (status, path) == (400, RequestPath.DISAGGREGATED)
+    assert len(engines.kv_deliveries()) == 1  # vLLM releases a rejected handle itself
