@@ -17,6 +17,14 @@ TIME = alt.X("time:T", title=None, axis=alt.Axis(format="%H:%M:%S"))
 HEIGHT = 240
 
 
+SUSPECT_COLOR = "#d62728"
+
+
+def _suspect(flagged: object, other: object) -> object:
+    """An encoding that takes ``flagged`` for suspect requests (``suspect`` column)."""
+    return alt.condition("datum.suspect", alt.value(flagged), alt.value(other))
+
+
 def _part_color() -> alt.Color:
     return alt.Color("part:N", scale=PART_SCALE, sort=PART_ORDER, title="TTFT part",
                      legend=alt.Legend(orient="bottom"))
@@ -38,8 +46,11 @@ def ttft_recent(parts: pd.DataFrame) -> alt.Chart:
                 axis=alt.Axis(labels=False, ticks=False)),
         y=alt.Y("sum(ms):Q", title="TTFT (ms)", stack="zero"),
         color=_part_color(), order=_part_order(),
+        # A suspect request (it read freed KV blocks) is outlined in red.
+        stroke=alt.value(SUSPECT_COLOR), strokeWidth=_suspect(2.0, 0.0),
         tooltip=["id:N", "path:N", "prompt_tokens:Q", "part:N",
-                 alt.Tooltip("ms:Q", format=".2f"), alt.Tooltip("ttft_ms:Q", format=".2f")],
+                 alt.Tooltip("ms:Q", format=".2f"), alt.Tooltip("ttft_ms:Q", format=".2f"),
+                 alt.Tooltip("suspect:N", title="suspect (read freed KV)")],
     )
 
 
@@ -118,13 +129,17 @@ def kv_bytes_vs_prompt(requests: pd.DataFrame, expected: pd.DataFrame) -> alt.La
     bytes-per-token line."""
     disagg = requests[(requests["path"] == "disaggregated") & (requests["kv_bytes"] > 0)]
     disagg = disagg.assign(kv_mb=disagg["kv_bytes"] / 1e6)
-    points = alt.Chart(disagg).mark_circle(size=40, opacity=0.6).encode(
+    points = alt.Chart(disagg).mark_point(filled=True, opacity=0.6).encode(
         x=alt.X("prompt_tokens:Q", title="prompt tokens"),
         y=alt.Y("kv_mb:Q", title="KV bytes (MB)"),
         color=alt.Color("transfer_ms:Q", title="transfer ms",
                         scale=alt.Scale(scheme="orangered")),
+        # A suspect request (it read freed KV blocks) is a large red-outlined cross.
+        shape=_suspect("cross", "circle"), size=_suspect(160, 40),
+        stroke=_suspect(SUSPECT_COLOR, "transparent"), strokeWidth=_suspect(2.0, 0.0),
         tooltip=["id:N", "prompt_tokens:Q", alt.Tooltip("kv_mb:Q", format=".1f"),
-                 alt.Tooltip("transfer_ms:Q", format=".2f")],
+                 alt.Tooltip("transfer_ms:Q", format=".2f"),
+                 alt.Tooltip("suspect:N", title="suspect (read freed KV)")],
     )
     line = alt.Chart(expected).mark_line(color="#888", strokeDash=[4, 4]).encode(
         x="prompt_tokens:Q", y="kv_mb:Q")

@@ -18,6 +18,8 @@ PART_LABELS = {"queue": "queue", "prefill": "prefill", "transfer": "KV transfer"
                "decode_sched": "decode scheduling", "overhead": "overhead"}
 PERCENTILES = ("p50", "p90", "p99")
 PATHS = ("disaggregated", "colocated", "errors")
+REQUEST_EXTRAS = ("prefill_instance", "decode_instance", "kv_handle", "suspect")
+SUSPECT_FLAG = "⚠ suspect"
 
 
 _LOCAL = datetime.now().astimezone().tzinfo
@@ -27,11 +29,21 @@ def _when(seconds: Any) -> pd.Series:
     return pd.to_datetime(pd.Series(seconds, dtype="float64"), unit="s", utc=True)
 
 
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
 def requests_frame(records: list[Json]) -> pd.DataFrame:
-    """Recent requests (the API sends newest first), oldest first, with ``seq`` 1..n."""
+    """Recent requests (the API sends newest first), oldest first, with ``seq`` 1..n.
+
+    ``suspect`` (bool) and ``kv_handle`` are False / "" for records of an older controller
+    that does not send them."""
     cols = ["id", "started_at", "path", "status", "prompt_tokens", "output_tokens",
-            "kv_bytes", "ttft_ms", *(f"{p}_ms" for p in PARTS)]
+            "kv_bytes", "ttft_ms", *(f"{p}_ms" for p in PARTS), *REQUEST_EXTRAS]
     df = pd.DataFrame(list(reversed(records)), columns=cols)
+    for c in ("prefill_instance", "decode_instance", "kv_handle"):
+        df[c] = df[c].map(_text).astype("object")
+    df["suspect"] = df["suspect"].map(lambda v: v is True).astype(bool)
     df["started"] = _when(df["started_at"].to_numpy())
     df["seq"] = range(1, len(df) + 1)
     ttft = df["ttft_ms"].astype("float64")
@@ -39,10 +51,25 @@ def requests_frame(records: list[Json]) -> pd.DataFrame:
     return df
 
 
+def recent_table(requests: pd.DataFrame) -> pd.DataFrame:
+    """Recent requests for a table, newest first: ``suspect`` shown as a flag
+    (``SUSPECT_FLAG`` or empty), local wall-clock times."""
+    df = requests.iloc[::-1]
+    out = pd.DataFrame({
+        "suspect": df["suspect"].map(lambda v: SUSPECT_FLAG if v else "").astype("object"),
+        "started": df["started"].dt.tz_convert(_LOCAL).dt.tz_localize(None),
+        **{c: df[c] for c in ("id", "path", "status", "prompt_tokens", "output_tokens",
+                              "ttft_ms", "transfer_ms", "prefill_instance", "decode_instance",
+                              "kv_handle")},
+    })
+    return out.reset_index(drop=True)
+
+
 def parts_long(requests: pd.DataFrame) -> pd.DataFrame:
     """One row per (request, TTFT part) for a stacked bar per request."""
     ok = requests[requests["status"] == "ok"]
-    long = ok.melt(id_vars=["seq", "id", "path", "prompt_tokens", "ttft_ms", "started"],
+    long = ok.melt(id_vars=["seq", "id", "path", "prompt_tokens", "ttft_ms", "started",
+                            "suspect"],
                    value_vars=[f"{p}_ms" for p in PARTS], var_name="part", value_name="ms")
     long["part"] = long["part"].str.removesuffix("_ms").map(PART_LABELS)
     return long.reset_index(drop=True)
@@ -129,6 +156,33 @@ def instances_frame(instances: Iterable[Json]) -> pd.DataFrame:
                         ascending=[False, True]).reset_index(drop=True)
     pos = df.groupby("role", sort=False).cumcount()
     return df.assign(col=pos % GRID_COLUMNS, row=pos // GRID_COLUMNS)
+
+
+LEASE_COUNTERS = ("kv_expired_requests", "notifications_after_expiry")
+
+
+def lease_frame(instances: Iterable[Json]) -> pd.DataFrame:
+    """Per prefill instance, its engine's cumulative KV lease counters (``nixl``
+    ``kv_expired_requests``, ``notifications_after_expiry``), sorted by id. NaN where the
+    controller does not report them (older than the fields)."""
+    rows = []
+    for i in instances:
+        if i.get("role") != "prefill":
+            continue
+        raw = i.get("nixl")
+        nixl: Json = raw if isinstance(raw, dict) else {}
+        rows.append({"id": i["id"], "state": i.get("state", ""),
+                     **{c: _float_or_nan(nixl.get(c)) for c in LEASE_COUNTERS},
+                     "transfers": _float_or_nan(nixl.get("transfers"))})
+    df = pd.DataFrame(rows, columns=["id", "state", *LEASE_COUNTERS, "transfers"])
+    df = df.astype(dict.fromkeys((*LEASE_COUNTERS, "transfers"), "float64"))
+    return df.sort_values("id", key=lambda s: s.map(_natural)).reset_index(drop=True)
+
+
+def _float_or_nan(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return math.nan
+    return float(value)
 
 
 def pool_summary(cluster: Json) -> pd.DataFrame:

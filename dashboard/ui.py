@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+import pandas as pd
 import streamlit as st
 
+from dashboard import frames, integrity
 from dashboard.client import ApiError, ControllerClient, Json
 from dashboard.config import RECENT_LIMIT, ConsoleConfig, current_config, step_for
 from dashboard.prom import PromClient, PromError, Result, Window, fetch
@@ -239,6 +241,50 @@ def transfer_alert(share: dict[str, Any]) -> None:
                  "is slowing first tokens: check the KV link, or raise "
                  "`disagg_min_prompt_tokens` so short prompts stay colocated.",
                  icon=":material/warning:")
+
+
+def kv_integrity_alerts(stats: Json, window_s: float) -> None:
+    """Red while reads of freed KV blocks are recent (output may be wrong); a quieter warning
+    when leases ran out in the window. Nothing from a controller without ``kv_integrity``."""
+    k = integrity.KvIntegrity.from_stats(stats)
+    if k is None:
+        return
+    if text := integrity.alert_text(k, window_s):
+        st.error(text, icon=":material/dangerous:")
+    if text := integrity.expired_text(k, window_s):
+        st.warning(text, icon=":material/hourglass_bottom:")
+
+
+def quarantine_alerts(cluster: Json, where: str = "") -> None:
+    """An error per quarantined pool; ``where`` is appended (e.g. a pointer to a page)."""
+    for role, q in integrity.quarantined(cluster).items():
+        st.error(integrity.quarantine_text(role, q) + where, icon=":material/block:")
+
+
+REQUEST_COLUMNS = {
+    "suspect": st.column_config.TextColumn(
+        "suspect", width="small",
+        help="the prefill engine reported this request's KV read as one of blocks it had "
+             "already freed (lease expired): its output may be wrong"),
+    "started": st.column_config.DatetimeColumn("started", format="HH:mm:ss.SSS"),
+    "id": st.column_config.TextColumn("request"),
+    "path": st.column_config.TextColumn("path"),
+    "status": st.column_config.TextColumn("status"),
+    "prompt_tokens": st.column_config.NumberColumn("prompt", format="%d"),
+    "output_tokens": st.column_config.NumberColumn("output", format="%d"),
+    "ttft_ms": st.column_config.NumberColumn("TTFT ms", format="%.1f"),
+    "transfer_ms": st.column_config.NumberColumn("transfer ms", format="%.1f"),
+    "prefill_instance": st.column_config.TextColumn("prefill"),
+    "decode_instance": st.column_config.TextColumn("decode"),
+    "kv_handle": st.column_config.TextColumn("KV handle"),
+}
+
+
+def requests_table(requests: pd.DataFrame) -> None:
+    """Recent requests (a ``frames.requests_frame``), newest first, suspect ones flagged."""
+    table = frames.recent_table(requests)
+    st.dataframe(table, column_config=REQUEST_COLUMNS, hide_index=True, width="stretch",
+                 height=min(420, 38 + 35 * max(1, len(table))))
 
 
 def clock(ts: float) -> str:

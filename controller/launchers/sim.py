@@ -29,6 +29,7 @@ class SimLauncher(ProcessLauncher):
             "--link", s.hardware.kv_link,
             "--time-scale", str(s.sim.time_scale),
             "--kv-load-failure-policy", s.sim.kv_load_failure_policy,
+            "--kv-lease-duration", str(s.kv.lease_s),
             "--startup-delay-s", str(s.sim.startup_delay_s),
             "--engine-id", spec.instance_id,
         ]

@@ -11,7 +11,7 @@ from typing import Any, get_args
 import streamlit as st
 
 from controller.config import PolicyName
-from dashboard import changes, frames, ui
+from dashboard import changes, frames, integrity, ui
 from dashboard.changes import PendingChange
 from dashboard.client import ApiError, Json
 
@@ -106,18 +106,22 @@ def show_pending(section: str) -> None:
 def convergence() -> None:
     st.subheader("Convergence")
     try:
-        summary = frames.pool_summary(ui.cluster())
+        cl = ui.cluster()
     except ApiError as exc:
         ui.card_error(exc)
         return
+    summary, quarantined = frames.pool_summary(cl), integrity.quarantined(cl)
     cols = st.columns(2)
     for col, (_, row) in zip(cols, summary.iterrows(), strict=True):
         want, have = int(row["desired_size"]), int(row["ready_at_desired_tp"])
-        done = "converged" if row["converged"] else "converging…"
+        q = quarantined.get(str(row["role"]))
+        done = "quarantined" if q else "converged" if row["converged"] else "converging…"
         col.markdown(f"**{row['role']}** · desired {want} x TP{row['tp']} · {done}")
         col.progress(1.0 if want == 0 else min(1.0, have / want),
                      text=f"ready at desired TP {have}/{want} · starting {row['starting']} · "
                           f"draining {row['draining']}")
+        if q is not None:
+            col.error(integrity.quarantine_text(str(row["role"]), q), icon=":material/block:")
 
 
 # ---- pool forms ----------------------------------------------------------------------------

@@ -9,7 +9,8 @@ from dashboard.client import ApiError
 
 KINDS = ["pool.update", "routing.update", "instance.starting", "instance.ready",
          "instance.draining", "instance.stopped", "instance.failed", "desired.reset",
-         "controller.start", "controller.stop"]
+         "controller.start", "controller.stop", "kv.after_expiry", "kv.expired",
+         "pool.quarantined"]
 LIMITS = [100, 500, 2000]
 
 st.title("Events")

@@ -1,6 +1,8 @@
 """Overview: live TTFT broken into its parts, request rate, disaggregated vs colocated share,
-and the alert when KV transfer takes more than the configured share of TTFT. The time series
-come from Prometheus when the console has one, else from the controller's API."""
+and the alerts: KV transfer taking more than the configured share of TTFT, reads of KV blocks
+a prefill engine had already freed (output may be wrong), leases that ran out, quarantined
+pools. The time series come from Prometheus when the console has one, else from the
+controller's API."""
 
 from __future__ import annotations
 
@@ -11,17 +13,19 @@ from dashboard.client import ApiError
 
 window = ui.window_s()
 st.title("Overview")
-st.caption(f"Last {window:g} s · from `/api/v1/stats`, `/api/v1/timeseries` and "
-           f"`/api/v1/requests?limit={ui.RECENT_LIMIT}`")
+st.caption(f"Last {window:g} s · from `/api/v1/stats`, `/api/v1/timeseries`, "
+           f"`/api/v1/requests?limit={ui.RECENT_LIMIT}` and `/api/v1/cluster`")
 
 
 @st.fragment(run_every=ui.run_every())
 def headline() -> None:
     try:
-        s = ui.stats(window)
+        s, cl = ui.stats(window), ui.cluster()
     except ApiError as exc:
         ui.card_error(exc)
         return
+    ui.kv_integrity_alerts(s, window)
+    ui.quarantine_alerts(cl, " See Pools.")
     ui.transfer_alert(s["transfer_share"])
     cols = st.columns(5)
     cols[0].metric("Request rate", f"{s['request_rate']:.1f} /s",
@@ -57,6 +61,14 @@ def recent() -> None:
         st.info("No requests recorded yet.")
         return
     st.altair_chart(charts.ttft_recent(frames.parts_long(df)), width="stretch")
+    suspect = int(df["suspect"].sum())
+    if suspect:
+        st.caption("Outlined in red: suspect requests, whose decode hop read KV blocks the "
+                   "prefill engine had already freed")
+    label = (f"Recent requests as a table · {suspect} suspect (read freed KV blocks)"
+             if suspect else "Recent requests as a table")
+    with st.expander(label, expanded=bool(suspect)):
+        ui.requests_table(df)
 
 
 TTFT_QUERIES = ("part_mean", "part_p99", *(f"ttft_{p}" for p in frames.PERCENTILES))

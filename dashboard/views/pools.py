@@ -1,12 +1,13 @@
 """Pools: every instance with role, state, TP, running and waiting requests and KV cache usage,
-and each pool's utilization; a grid of cells keeps 100+ instances readable at a glance."""
+and each pool's utilization and quarantine; a grid of cells keeps 100+ instances readable at a
+glance."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, frames, prom, ui
+from dashboard import charts, frames, integrity, prom, ui
 from dashboard.client import ApiError
 
 GRID_CHOICES = {"KV cache usage": "kv_cache_usage", "running": "running",
@@ -18,11 +19,15 @@ st.caption("From `/api/v1/cluster`: desired and actual pools, every instance and
            "engine last reported")
 
 
-def pool_card(row: pd.Series, instances: pd.DataFrame) -> None:
+def pool_card(row: pd.Series, instances: pd.DataFrame,
+              quarantine: integrity.Quarantine | None) -> None:
     role = str(row["role"])
     with st.container(border=True):
-        state = "converged" if row["converged"] else "converging"
+        state = ("quarantined" if quarantine else
+                 "converged" if row["converged"] else "converging")
         st.markdown(f"**{role.capitalize()} pool** · TP {row['tp']} · {state}")
+        if quarantine is not None:
+            st.error(integrity.quarantine_text(role, quarantine), icon=":material/block:")
         cols = st.columns(3)
         cols[0].metric("Ready", f"{row['ready']} / {row['desired_size']}",
                        help=f"starting {row['starting']}, draining {row['draining']}")
@@ -47,10 +52,11 @@ def overview() -> None:
         return
     inst = frames.instances_frame(cl["instances"])
     summary = frames.pool_summary(cl)
+    quarantined = integrity.quarantined(cl)
     cols = st.columns(2)
     for col, (_, row) in zip(cols, summary.iterrows(), strict=True):
         with col:
-            pool_card(row, inst)
+            pool_card(row, inst, quarantined.get(str(row["role"])))
     choice = st.segmented_control("Colour instances by", list(GRID_CHOICES),
                                   default="KV cache usage", key="pools_grid_metric")
     if inst.empty:

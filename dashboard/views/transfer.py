@@ -1,7 +1,8 @@
-"""Transfer: KV bytes moved per second, bytes per request against prompt length, and the
-bandwidth achieved during transfers against the KV link's ceiling. The time series come from
-Prometheus when the console has one (the engines' NIXL counters too), else from the
-controller's API."""
+"""Transfer: KV bytes moved per second, bytes per request against prompt length, the
+bandwidth achieved during transfers against the KV link's ceiling, and the prefill engines' KV
+lease counters (blocks freed when their lease expired, reads completed after that). The time
+series come from Prometheus when the console has one (the engines' NIXL counters too), else
+from the controller's API."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import streamlit as st
 
 from controller import profiles
-from dashboard import charts, frames, prom, ui, whatif
+from dashboard import charts, frames, integrity, prom, ui, whatif
 from dashboard.client import ApiError, Json
 
 SCATTER_LIMIT = 500
@@ -47,6 +48,7 @@ def headline() -> None:
     cols[4].metric("Of the ceiling", f"{use:.0%}",
                    help="achieved bandwidth includes the link's per-transfer latency, so "
                         "small transfers stay well below the ceiling")
+    ui.kv_integrity_alerts(s, window)
     ui.transfer_alert(s["transfer_share"])
 
 
@@ -101,8 +103,60 @@ def per_request() -> None:
     top = int(df["prompt_tokens"].max()) if not df.empty else 1
     st.altair_chart(charts.kv_bytes_vs_prompt(df, whatif.kv_line(per_token, top)),
                     width="stretch")
+    suspect = df[df["suspect"]]
+    if not suspect.empty:
+        st.markdown(f"**{len(suspect)} suspect of the last {len(df)} requests** (red crosses): "
+                    "their decode hop read KV blocks the prefill engine had already freed, "
+                    "so their output may be wrong")
+        ui.requests_table(suspect)
+
+
+LEASE_COLUMNS = {
+    "id": st.column_config.TextColumn("prefill instance"),
+    "state": st.column_config.TextColumn("state"),
+    "kv_expired_requests": st.column_config.NumberColumn(
+        "KV expired", format="%.0f",
+        help="requests whose KV blocks the engine freed when their lease expired, read late "
+             "or never (`vllm:nixl_num_kv_expired_reqs`, cumulative)"),
+    "notifications_after_expiry": st.column_config.NumberColumn(
+        "reads after expiry", format="%.0f",
+        help="decode reads that completed after the blocks were freed: the output of those "
+             "requests may be wrong (`vllm:nixl_num_notifications_after_expiry`, cumulative)"),
+    "transfers": st.column_config.NumberColumn("NIXL transfers", format="%.0f"),
+}
+
+
+@st.fragment(run_every=ui.run_every())
+def leases() -> None:
+    st.subheader("KV leases per prefill instance")
+    try:
+        s, cl = ui.stats(window), ui.cluster()
+    except ApiError as exc:
+        ui.card_error(exc)
+        return
+    df = frames.lease_frame(cl["instances"])
+    k = integrity.KvIntegrity.from_stats(s)
+    if k is not None:
+        cols = st.columns(3)
+        cols[0].metric("KV expired in window", f"{k.expired_in_window:g}",
+                       help=f"{k.expired_requests:g} in total over the live prefill engines")
+        cols[1].metric("Reads after expiry in window", f"{k.after_expiry_in_window:g}",
+                       help=f"{k.notifications_after_expiry:g} in total over the live "
+                            "prefill engines")
+        cols[2].metric("Suspect requests", f"{k.suspect_requests}",
+                       help="request records marked suspect since the controller started")
+    if df.empty:
+        st.info("No prefill instances.")
+        return
+    if df[list(frames.LEASE_COUNTERS)].isna().all().all():
+        st.caption("This controller does not report the engines' KV lease counters.")
+    st.caption("Cumulative counters of each prefill engine, as the controller last polled "
+               "them (`nixl` in `/api/v1/instances`)")
+    st.dataframe(df, column_config=LEASE_COLUMNS, hide_index=True, width="stretch",
+                 height=min(420, 38 + 35 * max(1, len(df))))
 
 
 headline()
 over_time()
 per_request()
+leases()

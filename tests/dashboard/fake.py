@@ -1,6 +1,9 @@
 """A fake controller behind ``httpx.MockTransport``: the control API's routes and response
 shapes, computed with the controller's own aggregation and validation functions, over
-synthetic request records and instances. Records every call."""
+synthetic request records and instances. Records every call.
+
+``legacy=True`` answers like a controller older than the KV-integrity and quarantine fields
+(no ``kv_integrity``, ``quarantine``, ``suspect``/``kv_handle`` or lease counters)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from typing import Any
 import httpx
 
 from controller import advisor, profiles, validation
+from controller.cluster import Quarantine
 from controller.errors import InvalidChange
 from controller.models import Instance, InstanceState, RequestPath, RequestRecord, Role
 from controller.reconciler import PoolTarget
@@ -41,8 +45,21 @@ def make_records(n: int, transfer_ms: float = 5.0, now: float | None = None
             status="ok", stream=bool(k % 2), prompt_tokens=prompt, output_tokens=16,
             prefill_instance="prefill-1" if disagg else None, decode_instance="decode-2",
             ttft_ms=sum(parts.values()), itl_ms=5.0, e2e_ms=100.0,
-            kv_bytes=profiles.kv_bytes(MODEL, prompt, 16) if disagg else 0, **parts))
+            kv_bytes=profiles.kv_bytes(MODEL, prompt, 16) if disagg else 0,
+            kv_handle=f"cmpl-req-{k}-0" if disagg else None, **parts))
     return out
+
+
+def integrity_summary(after_in_window: float = 0.0, expired_in_window: float = 0.0,
+                 suspect: int = 0) -> dict[str, Any]:
+    """``/stats`` ``kv_integrity`` as ``LeaseWatch.summary`` shapes it."""
+    return {"expired_requests": 10.0 + expired_in_window,
+            "notifications_after_expiry": 1.0 + after_in_window,
+            "expired_in_window": expired_in_window, "after_expiry_in_window": after_in_window,
+            "suspect_requests": suspect, "alert": after_in_window > 0}
+
+
+LEASE_FIELDS = ("kv_expired_requests", "notifications_after_expiry")
 
 
 def make_instances(prefill: int, decode: int, prefill_tp: int = 4, decode_tp: int = 2
@@ -68,6 +85,9 @@ class FakeController:
         "disagg_min_prompt_tokens": 512, "transfer_alert_share": 0.2,
         "prefill_policy": "round_robin", "decode_policy": "least_loaded",
         "max_attempts": 3, "request_timeout_s": 600.0})
+    kv_integrity: dict[str, Any] = field(default_factory=integrity_summary)
+    quarantine: dict[Role, Quarantine] = field(default_factory=dict)
+    legacy: bool = False
     token: str = TOKEN
     reachable: bool = True
     nodes: int = 4
@@ -107,14 +127,21 @@ class FakeController:
             return self.routing
         if key == ("GET", "/stats"):
             out = stats(self.window(window), window, self.routing["transfer_alert_share"])
-            return {**out, "pools": {}, "total_requests": len(self.records)}
+            out = {**out, "pools": {}, "total_requests": len(self.records)}
+            if not self.legacy:
+                out["kv_integrity"] = self.kv_integrity
+            return out
         if key == ("GET", "/timeseries"):
             now = time.time()
             return {"window_s": window, "step_s": float(q["step_s"]), "now": now,
                     "buckets": timeseries(self.window(window), window, float(q["step_s"]),
                                           now)}
         if key == ("GET", "/requests"):
-            return [r.public() for r in reversed(self.records[-int(q.get("limit", 100)):])]
+            out = [r.public() for r in reversed(self.records[-int(q.get("limit", 100)):])]
+            if self.legacy:
+                for r in out:
+                    del r["kv_handle"], r["suspect"]
+            return out
         if key == ("GET", "/advisor"):
             return advisor.advise(MODEL, HW, profiles.link("ib-ndr"), 4, 2,
                                   self.window(600), None, 0.2)
@@ -143,7 +170,19 @@ class FakeController:
                            "draining": sum(1 for i in mine
                                            if i.state is InstanceState.DRAINING),
                            "ready_at_desired_tp": ready},
-                "converged": ready == t.size}
+                "converged": ready == t.size,
+                **({} if self.legacy else {"quarantine": self.quarantine_view(role)})}
+
+    def quarantine_view(self, role: Role) -> dict[str, Any] | None:
+        q, now = self.quarantine.get(role), time.time()
+        return q.public(now) if q is not None and q.until > now else None
+
+    def instance_view(self, inst: Instance) -> dict[str, Any]:
+        out = inst.public()
+        if self.legacy:
+            for f in LEASE_FIELDS:
+                del out["nixl"][f]
+        return out
 
     def cluster(self) -> dict[str, Any]:
         return {
@@ -157,7 +196,7 @@ class FakeController:
                          "used_accelerators": 6, "kv_link": "ib-ndr"},
             "pools": {r.value: self.pool_view(r) for r in Role},
             "routing": self.routing,
-            "instances": [i.public() for i in self.instances],
+            "instances": [self.instance_view(i) for i in self.instances],
         }
 
     def events(self) -> list[dict[str, Any]]:

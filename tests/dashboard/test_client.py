@@ -19,6 +19,16 @@ def test_reads_return_the_api_json(fake: FakeController) -> None:
     with_client.close()
 
 
+def test_reads_carry_the_kv_integrity_and_quarantine_fields(fake: FakeController) -> None:
+    c = fake.client()
+    assert c.stats(60)["kv_integrity"]["alert"] is False
+    assert c.cluster()["pools"]["prefill"]["quarantine"] is None
+    assert {"kv_handle", "suspect"} <= set(c.requests(5)[0])
+    nixl = c.cluster()["instances"][0]["nixl"]
+    assert {"kv_expired_requests", "notifications_after_expiry"} <= set(nixl)
+    c.close()
+
+
 def test_sends_token_actor_and_params() -> None:
     seen: list[httpx.Request] = []
 

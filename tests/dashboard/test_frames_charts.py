@@ -33,6 +33,43 @@ def test_requests_frame_is_oldest_first_with_shares() -> None:
     assert (df[df["path"] == "colocated"]["transfer_share"] == 0).all()
 
 
+def test_requests_frame_carries_suspect_and_kv_handle() -> None:
+    records = requests_json()
+    records[0]["suspect"] = True  # the newest
+    df = frames.requests_frame(records)
+    assert df["suspect"].dtype == bool
+    assert list(df["suspect"]) == [False] * 29 + [True]
+    assert df["kv_handle"].iloc[-1] == records[0]["kv_handle"] != ""
+    assert set(frames.parts_long(df)[lambda d: d["suspect"]]["id"]) == {records[0]["id"]}
+    table = frames.recent_table(df)
+    assert list(table.columns)[0] == "suspect"
+    assert table["id"].iloc[0] == records[0]["id"]  # newest first
+    assert list(table["suspect"]) == [frames.SUSPECT_FLAG] + [""] * 29
+
+
+def test_requests_frame_of_an_older_controller() -> None:
+    records = requests_json()
+    for r in records:
+        del r["suspect"], r["kv_handle"]
+    df = frames.requests_frame(records)
+    assert not df["suspect"].any() and (df["kv_handle"] == "").all()
+    assert (frames.recent_table(df)["suspect"] == "").all()
+
+
+def test_lease_frame_per_prefill_instance() -> None:
+    instances = make_instances(3, 2)
+    instances[2].kv_expired, instances[2].kv_after_expiry = 5.0, 1.0
+    df = frames.lease_frame(reversed([i.public() for i in instances]))
+    assert list(df["id"]) == ["prefill-1", "prefill-2", "prefill-3"]
+    assert list(df["kv_expired_requests"]) == [0.0, 0.0, 5.0]
+    assert list(df["notifications_after_expiry"]) == [0.0, 0.0, 1.0]
+    old = [i.public() for i in instances]
+    for i in old:
+        del i["nixl"]["kv_expired_requests"], i["nixl"]["notifications_after_expiry"]
+    assert frames.lease_frame(old)[list(frames.LEASE_COUNTERS)].isna().all().all()
+    assert frames.lease_frame([{"id": "prefill-9", "role": "prefill"}])["transfers"].isna().all()
+
+
 def test_parts_long_sums_back_to_ttft() -> None:
     long = frames.parts_long(frames.requests_frame(requests_json()))
     per_request = long.groupby("id")["ms"].sum()
@@ -91,6 +128,8 @@ def test_empty_inputs_make_empty_frames() -> None:
     assert frames.timeseries_frame({"step_s": 1, "buckets": []}).empty
     assert frames.instances_frame([]).empty
     assert frames.events_frame([]).empty
+    assert frames.recent_table(frames.requests_frame([])).empty
+    assert frames.lease_frame([]).empty
 
 
 def chart_specs() -> list[alt.TopLevelMixin]:
@@ -127,6 +166,16 @@ def test_ttft_recent_stacks_parts_in_request_order() -> None:
     assert enc["y"]["stack"] == "zero"
     assert enc["color"]["scale"]["domain"] == charts.PART_ORDER
     assert enc["order"]["field"] == "part_rank"
+
+
+def test_suspect_requests_are_flagged_in_the_charts() -> None:
+    req = frames.requests_frame(requests_json())
+    bars = charts.ttft_recent(frames.parts_long(req)).to_dict()["encoding"]
+    assert bars["strokeWidth"]["condition"]["test"] == "datum.suspect"
+    assert "suspect" in [t["field"] for t in bars["tooltip"]]
+    points = charts.kv_bytes_vs_prompt(req, whatif.kv_line(1, 1)).to_dict()["layer"][1]
+    assert points["encoding"]["shape"]["condition"] == {"test": "datum.suspect",
+                                                        "value": "cross"}
 
 
 def test_achieved_bandwidth_draws_the_ceiling() -> None:

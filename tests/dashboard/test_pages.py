@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from controller.cluster import Quarantine
 from controller.models import Role
 from controller.reconciler import PoolTarget
 from dashboard.config import ConsoleConfig
-from tests.dashboard.fake import URL, FakeController, make_instances, make_records
+from tests.dashboard.fake import (
+    URL,
+    FakeController,
+    integrity_summary,
+    make_instances,
+    make_records,
+)
 
 Console = Callable[..., AppTest]
 PAGES = ["overview", "transfer", "pools", "controls", "advisor", "events"]
@@ -245,3 +254,143 @@ def test_live_refresh_can_be_paused(console: Console, fake: FakeController) -> N
 
 def test_config_refresh_default() -> None:
     assert ConsoleConfig().refresh_s == 2.0
+
+
+# ---- KV integrity, quarantine, suspect requests ------------------------------------------
+
+def frame_with(at: AppTest, column: str) -> Any:
+    found = [d.value for d in at.dataframe if column in d.value.columns]
+    assert found, f"no table with a {column!r} column"
+    return found[0]
+
+
+def quarantine_decode(fake: FakeController, remaining_s: float = 95.0) -> None:
+    fake.quarantine[Role.DECODE] = Quarantine(time.time() + remaining_s, 3,
+                                              "process exited with status -4 (SIGILL)")
+
+
+def test_overview_alerts_on_reads_of_freed_kv(console: Console, fake: FakeController) -> None:
+    fake.kv_integrity = integrity_summary(after_in_window=3, suspect=2)
+    at = console(fake)
+    no_exceptions(at)
+    alert = texts(at.error)
+    assert "3 reads of freed KV blocks in the last 300 s" in alert
+    assert "2 request records are marked suspect" in alert
+    assert "may be wrong" in alert
+    assert "docs/routing-and-accounting.md" in alert and "vLLM's KV contract" in alert
+
+
+@pytest.mark.parametrize("page", ["overview", "transfer"])
+def test_no_kv_alert_unless_the_controller_raises_it(console: Console, fake: FakeController,
+                                                     page: str) -> None:
+    # Reads after expiry long ago (cumulative) and in the window, but no alert: quiet.
+    fake.kv_integrity = {**integrity_summary(after_in_window=2, suspect=1), "alert": False}
+    at = console(fake, page)
+    no_exceptions(at)
+    assert not at.error
+    assert "freed KV blocks" not in texts(at.warning)
+
+
+def test_transfer_page_shows_the_kv_alert_too(console: Console, fake: FakeController) -> None:
+    fake.kv_integrity = integrity_summary(after_in_window=1, suspect=1)
+    at = console(fake, "transfer")
+    alert = texts(at.error)
+    assert "1 read of freed KV blocks" in alert and "1 request record is marked suspect" in alert
+
+
+def test_overview_warns_when_leases_ran_out(console: Console, fake: FakeController) -> None:
+    fake.kv_integrity = integrity_summary(expired_in_window=4)
+    at = console(fake)
+    no_exceptions(at)
+    assert not at.error  # nothing was read late: not red
+    warning = texts(at.warning)
+    assert "4 finished prefills in the last 300 s held KV blocks for nothing" in warning
+    assert "lease ran out" in warning
+
+
+def test_no_lease_warning_without_expiries_in_window(console: Console,
+                                                     fake: FakeController) -> None:
+    fake.kv_integrity = integrity_summary()  # 10 expired in total, none in the window
+    at = console(fake)
+    assert "lease ran out" not in texts(at.warning)
+
+
+def test_overview_shows_a_quarantined_pool(console: Console, fake: FakeController) -> None:
+    quarantine_decode(fake)
+    at = console(fake)
+    no_exceptions(at)
+    errors = texts(at.error)
+    assert "Decode pool quarantined" in errors and "Prefill pool" not in errors
+    assert "process exited with status -4 (SIGILL)" in errors
+
+
+def test_pools_page_shows_the_quarantine(console: Console, fake: FakeController) -> None:
+    quarantine_decode(fake)
+    at = console(fake, "pools")
+    no_exceptions(at)
+    assert len(at.error) == 1
+    box = at.error[0].value
+    assert "Decode pool quarantined" in box and "3 crashes" in box
+    assert re.search(r"for another 1 min( \d+ s)?\.", box)  # 95 s, less the test's time
+    assert "Last error: `process exited with status -4 (SIGILL)`" in box
+    assert "quarantined" in texts(at.markdown)
+
+
+def test_pools_page_has_no_quarantine_box_when_none_is_set(console: Console,
+                                                           fake: FakeController) -> None:
+    quarantine_decode(fake, remaining_s=-1.0)  # ran out: the controller sends null
+    at = console(fake, "pools")
+    no_exceptions(at)
+    assert not at.error
+    assert "quarantined" not in texts(at.markdown)
+
+
+def test_recent_requests_show_the_suspect_flag(console: Console, fake: FakeController) -> None:
+    fake.records[-1].suspect = True  # the newest request
+    at = console(fake)
+    no_exceptions(at)
+    table = frame_with(at, "suspect")
+    assert table["id"].iloc[0] == "req-299"
+    assert table["suspect"].iloc[0] == "⚠ suspect"
+    assert (table["suspect"].iloc[1:] == "").all()
+    assert table["kv_handle"].iloc[0] == "cmpl-req-299-0"
+    assert any("1 suspect" in e.label for e in at.expander)
+
+
+def test_transfer_page_lists_suspect_requests(console: Console, fake: FakeController) -> None:
+    fake.records[-5].suspect = True
+    at = console(fake, "transfer")
+    no_exceptions(at)
+    table = frame_with(at, "suspect")
+    assert list(table["id"]) == ["req-295"] and list(table["suspect"]) == ["⚠ suspect"]
+    assert "1 suspect of the last 300 requests" in texts(at.markdown)
+
+
+def test_transfer_page_shows_lease_counters_per_prefill(console: Console,
+                                                        fake: FakeController) -> None:
+    fake.instances = make_instances(2, 3)
+    fake.instances[1].kv_expired, fake.instances[1].kv_after_expiry = 7.0, 2.0
+    at = console(fake, "transfer")
+    no_exceptions(at)
+    table = frame_with(at, "notifications_after_expiry")
+    assert list(table["id"]) == ["prefill-1", "prefill-2"]
+    assert list(table["kv_expired_requests"]) == [0.0, 7.0]
+    assert list(table["notifications_after_expiry"]) == [0.0, 2.0]
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Suspect requests"] == "0"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_older_controller_without_the_new_fields(console: Console, fake: FakeController,
+                                                 page: str) -> None:
+    fake.legacy = True
+    quarantine_decode(fake)  # not sent by an older controller
+    at = console(fake, page)
+    no_exceptions(at)
+    assert not at.error
+    assert at.title[0].value == page.capitalize()
+    if page == "overview":
+        assert (frame_with(at, "suspect")["suspect"] == "").all()
+    if page == "transfer":
+        assert frame_with(at, "notifications_after_expiry")["kv_expired_requests"].isna().all()
+        assert "does not report the engines' KV lease counters" in texts(at.caption)

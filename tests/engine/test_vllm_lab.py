@@ -123,16 +123,18 @@ def test_disaggregated_output_equals_colocated_under_concurrent_load(
     the colocated answer token for token, and no read of freed blocks was reported."""
     prompts = varied_prompts(8)
 
-    def ask(prompt: str) -> tuple[list[int], str]:
-        raw = sdk.completions.with_raw_response.create(
+    def ask(job: tuple[str, str]) -> tuple[list[int], str]:
+        rid, prompt = job
+        out = sdk.completions.create(
             model=MODEL, prompt=prompt, max_tokens=16, temperature=0,
+            extra_headers={"X-Request-Id": rid},
             extra_body={**NO_EOS, "return_token_ids": True, "skip_special_tokens": False})
-        out = raw.parse()
-        return list(out.choices[0].model_dump()["token_ids"]), raw.headers["x-request-id"]
+        return list(out.choices[0].model_dump()["token_ids"]), rid
 
     def run() -> list[tuple[list[int], str]]:
+        tag = os.urandom(4).hex()
         with ThreadPoolExecutor(4) as pool:
-            return list(pool.map(ask, prompts))
+            return list(pool.map(ask, [(f"eq-{tag}-{k}", p) for k, p in enumerate(prompts)]))
 
     disagg = run()
     lab.api("PATCH", "/routing", {"disagg_min_prompt_tokens": 100_000}).raise_for_status()

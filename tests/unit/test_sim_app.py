@@ -157,6 +157,7 @@ METRIC_NAMES = [
     'vllm:prompt_tokens_by_source_total{model_name="llama-3-8b",source="local_compute"}',
     'vllm:prompt_tokens_by_source_total{model_name="llama-3-8b",source="external_kv_transfer"}',
     "vllm:nixl_num_failed_transfers_total", "vllm:nixl_num_kv_expired_reqs_total",
+    "vllm:nixl_num_notifications_after_expiry_total",
     "vllm:time_to_first_token_seconds_bucket", "vllm:request_queue_time_seconds_bucket",
     "vllm:request_prefill_time_seconds_bucket", "vllm:request_decode_time_seconds_bucket",
     "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",

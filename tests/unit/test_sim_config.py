@@ -28,19 +28,21 @@ def test_flags_map_onto_the_config() -> None:
         "--port", "9001", "--role", "prefill", "--hardware", "h200", "--model", "llama-3-70b",
         "--served-model-name", "llama", "--tp", "4", "--link", "roce", "--time-scale", "0.05",
         "--kv-load-failure-policy", "recompute", "--max-num-seqs", "64",
-        "--max-num-batched-tokens", "65536", "--kv-handle-ttl-s", "30", "--block-size", "32",
+        "--max-num-batched-tokens", "65536", "--kv-lease-duration", "12", "--block-size", "32",
         "--engine-id", "p0", "--startup-delay-s", "1.5"))
     assert cfg == SimEngineConfig(
         port=9001, role="prefill", hardware="h200", model="llama-3-70b",
         served_model_name="llama", tp=4, link="roce", time_scale=0.05,
         kv_load_failure_policy="recompute", max_num_seqs=64, max_num_batched_tokens=65536,
-        kv_handle_ttl_s=30.0, block_size=32, engine_id="p0", startup_delay_s=1.5)
+        kv_lease_duration_s=12.0, block_size=32, engine_id="p0", startup_delay_s=1.5)
     assert cfg.model_name == "llama"
+    assert cfg.kv_heartbeat_interval_s == 2.0 and cfg.kv_lease_extension_s == 8.0
 
 
 def test_defaults_follow_the_interface() -> None:
     cfg = config_from_args(parse("--port", "9001", "--tp", "2"))
     assert cfg == SimEngineConfig(port=9001, tp=2)
+    assert cfg.kv_lease_duration_s == 30.0  # NixlConnector's default kv_lease_duration
     assert cfg.model_name == "llama-3-70b"
 
 
@@ -51,6 +53,10 @@ def test_defaults_follow_the_interface() -> None:
     (["--tp", "0"], "tp must be >= 1"),
     (["--time-scale", "0"], "time_scale must be > 0"),
     (["--block-size", "0"], "block_size must be >= 1"),
+    (["--kv-lease-duration", "0"], "kv_lease_duration_s must be > 0"),
+    (["--kv-lease-duration", "-5"], "kv_lease_duration_s must be > 0"),
+    (["--kv-lease-duration", "nan"], "kv_lease_duration_s must be > 0"),
+    (["--kv-lease-duration", "inf"], "kv_lease_duration_s must be finite"),
     (["--tp", "1"], "llama-3-70b at TP=1 needs"),  # 70B does not fit one H100
 ])
 def test_bad_values_are_named(argv: list[str], fragment: str) -> None:
@@ -81,3 +87,9 @@ def test_help_names_the_profiles(capsys: pytest.CaptureFixture[str]) -> None:
         parse("--help")
     out = capsys.readouterr().out
     assert "h100-sxm" in out and "ib-ndr" in out and "--time-scale" in out
+
+
+def test_the_old_ttl_flag_is_gone(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse("--port", "9001", "--kv-handle-ttl-s", "30")
+    assert "--kv-handle-ttl-s" in capsys.readouterr().err

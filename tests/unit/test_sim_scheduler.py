@@ -9,8 +9,10 @@ from controller.engines.sim.cost import step_duration
 from controller.engines.sim.scheduler import Scheduler, Seq, Status, StepResult
 
 
-def sched(blocks: int = 1000, *, seqs: int = 8, budget: int = 64, bs: int = 16) -> Scheduler:
-    return Scheduler(blocks, bs, max_num_seqs=seqs, max_num_batched_tokens=budget)
+def sched(blocks: int = 1000, *, seqs: int = 8, budget: int = 64, bs: int = 16,
+          lease: float = 30.0) -> Scheduler:
+    return Scheduler(blocks, bs, max_num_seqs=seqs, max_num_batched_tokens=budget,
+                     kv_lease_s=lease)
 
 
 def step(s: Scheduler, now: float = 0.0) -> tuple[list[tuple[str, int]], StepResult]:
@@ -95,20 +97,40 @@ def test_prefill_hop_keeps_its_blocks_until_pulled() -> None:
     assert [q.seq_id for q in result.finished] == ["p"]
     handle = s.handles["p"]
     assert len(handle.blocks) == 3 and handle.prompt_tokens == 40 and handle.created_at == 5.0
+    assert handle.expires_at == 35.0  # finish time + the 30 s lease
     assert s.pool.used == 3
     assert s.pull("p") == handle
     assert s.pool.used == 0
     assert s.pull("p") is None
 
 
-def test_handles_expire_after_the_ttl_oldest_first() -> None:
-    s = sched()
+def test_handles_expire_when_their_lease_ends() -> None:
+    s = sched(lease=10.0)
     for i, t in enumerate((0.0, 1.0, 2.0)):
         s.add(Seq(f"h{i}", prompt_tokens=16, max_tokens=1, hold_kv=True))
         step(s, now=t)
-    assert [h.seq_id for h in s.expire(now=11.5, ttl=10.0)] == ["h0", "h1"]
+    assert s.next_expiry() == 10.0
+    assert s.expire(now=9.9) == []
+    assert [h.seq_id for h in s.expire(now=11.5)] == ["h0", "h1"]
     assert list(s.handles) == ["h2"]
     assert s.pool.used == 1
+    assert s.next_expiry() == 12.0
+    s.expire(now=12.0)  # a lease ends at its expiry time, inclusive
+    assert s.next_expiry() is None and s.pool.used == 0
+
+
+def test_heartbeats_extend_leases_out_of_creation_order() -> None:
+    s = sched(lease=10.0)
+    for i, t in enumerate((0.0, 1.0, 2.0)):
+        s.add(Seq(f"h{i}", prompt_tokens=16, max_tokens=1, hold_kv=True))
+        step(s, now=t)
+    assert s.extend(["h0", "nobody", "h2"], until=20.0) == 2  # unknown ids are ignored
+    assert s.extend(["h0"], until=15.0) == 1  # never earlier than a lease already is
+    assert s.handles["h0"].expires_at == 20.0
+    # h0 is oldest but now lives longest: expiry scans every handle, not a prefix
+    assert [h.seq_id for h in s.expire(now=11.0)] == ["h1"]
+    assert s.next_expiry() == 20.0
+    assert sorted(h.seq_id for h in s.expire(now=20.0)) == ["h0", "h2"]
 
 
 def test_abort_frees_blocks_and_a_step_in_flight_skips_it() -> None:

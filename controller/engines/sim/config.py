@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -30,7 +31,7 @@ class SimEngineConfig:
     kv_load_failure_policy: KvLoadFailurePolicy = "fail"
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
-    kv_handle_ttl_s: float = 480.0  # wall seconds, like VLLM_NIXL_ABORT_REQUEST_TIMEOUT
+    kv_lease_duration_s: float = 30.0  # wall seconds, NixlConnector's kv_lease_duration
     block_size: int = 16
     engine_id: str | None = None  # default: a fresh uuid4 hex (see server.create_app)
     startup_delay_s: float = 0.0  # wall seconds of 503 on /health (models engine load)
@@ -40,6 +41,16 @@ class SimEngineConfig:
         """The name clients use: ``served_model_name`` or the profile key."""
         return self.served_model_name or self.model
 
+    @property
+    def kv_heartbeat_interval_s(self) -> float:
+        """How often a decode engine renews the leases it waits on (vLLM: lease // 6)."""
+        return self.kv_lease_duration_s / 6
+
+    @property
+    def kv_lease_extension_s(self) -> float:
+        """How far a heartbeat pushes a lease past now (vLLM: lease * 2 // 3)."""
+        return self.kv_lease_duration_s * 2 / 3
+
 
 def _known(table: Mapping[str, object], kind: str, name: str) -> None:
     if name not in table:
@@ -47,7 +58,7 @@ def _known(table: Mapping[str, object], kind: str, name: str) -> None:
 
 
 def _positive(name: str, value: float, minimum: float, strict: bool = False) -> None:
-    if value < minimum or (strict and value == minimum):
+    if not value >= minimum or (strict and value == minimum):  # NaN fails too
         relation = ">" if strict else ">="
         raise ConfigError(f"{name} must be {relation} {minimum}, got {value}")
 
@@ -74,7 +85,9 @@ def validate_config(cfg: SimEngineConfig) -> None:
                         ("block_size", cfg.block_size)):
         _positive(name, value, 1)
     _positive("time_scale", cfg.time_scale, 0.0, strict=True)
-    _positive("kv_handle_ttl_s", cfg.kv_handle_ttl_s, 0.0, strict=True)
+    _positive("kv_lease_duration_s", cfg.kv_lease_duration_s, 0.0, strict=True)
+    if math.isinf(cfg.kv_lease_duration_s):
+        raise ConfigError("kv_lease_duration_s must be finite")
     _positive("startup_delay_s", cfg.startup_delay_s, 0.0)
     problem = profiles.fit_problem(profiles.model(cfg.model), profiles.hardware(cfg.hardware),
                                    cfg.tp)

@@ -2,22 +2,30 @@
 
 Each step: ask the scheduler for a plan, sleep the plan's modelled duration times
 ``time_scale``, apply the step and deliver tokens. The loop task exists only while there are
-requests (an idle engine uses no CPU); KV pulls run as their own tasks; handle expiry is a
-loop timer. All request timings are wall times from ``time.monotonic()``: uvloop's loop
-clock has only millisecond resolution.
+requests (an idle engine uses no CPU); KV pulls run as their own tasks.
+
+KV hand-off follows vLLM's NixlConnector lease model, in wall seconds (not scaled by
+``time_scale``): a prefill keeps a finished request's blocks until the lease ends (one loop
+timer at the earliest end) unless a decode engine reads or releases them first; a decode
+engine renews the leases it still waits on with heartbeats (one task, only while it waits on
+some), and releases a lease it will never read. All request timings are wall times from
+``time.monotonic()``: uvloop's loop clock has only millisecond resolution.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 import uuid
+from collections.abc import Coroutine
+from typing import Any
 
 from controller import profiles
 from controller.engines.sim.config import SimEngineConfig
 from controller.engines.sim.cost import step_duration
-from controller.engines.sim.kv_pull import KvPuller, KvPullError, PullResult
+from controller.engines.sim.kv_pull import PULL_TIMEOUT_S, KvPuller, KvPullError
 from controller.engines.sim.metrics import SimMetrics
 from controller.engines.sim.protocol import ApiError, KvLoadFailure, RemoteKv, SimRequest
 from controller.engines.sim.scheduler import Handle, Scheduler, Seq, StepPlan, StepResult
@@ -26,6 +34,15 @@ from controller.engines.sim.stream import RequestStream
 # How far (wall seconds) the loop may run behind its modelled clock and still catch up by
 # shortening later sleeps: absorbs asyncio's oversleep without bursting after a long stall.
 MAX_LAG_S = 0.01
+
+logger = logging.getLogger(__name__)
+
+
+class KvRefused(Exception):
+    """The side channel refuses a call: another engine id, or other blocks than the handle's.
+
+    vLLM's handshake with a wrong engine fails; the decode engine's pull fails loudly.
+    """
 
 
 def capacity_blocks(cfg: SimEngineConfig) -> int:
@@ -46,13 +63,21 @@ class SimEngine:
         self._link = profiles.link(cfg.link)
         self._puller = puller
         self.scheduler = Scheduler(capacity_blocks(cfg), cfg.block_size, cfg.max_num_seqs,
-                                   cfg.max_num_batched_tokens)
+                                   cfg.max_num_batched_tokens, cfg.kv_lease_duration_s)
         self._streams: dict[str, RequestStream] = {}
-        self._remote: dict[str, RemoteKv] = {}
+        self._remote: dict[str, RemoteKv] = {}  # decode hops whose pull has not started
         self._pulls: dict[str, asyncio.Task[None]] = {}
+        self._draining: set[str] = set()  # aborted while their pull was in flight
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        # prefill side: one timer at (or before) the earliest lease end while handles exist
         self._expiry: asyncio.TimerHandle | None = None
+        self._expiry_at = 0.0
+        # decode side: leases this engine waits on, renewed by one task while there are any
+        self._leases: dict[str, RemoteKv] = {}
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._last_heartbeat = -math.inf
+        self._background: set[asyncio.Task[None]] = set()  # heartbeats and releases in flight
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -67,9 +92,22 @@ class SimEngine:
                                remote_kv=req.remote_prefill is not None))
         self._streams[seq_id] = stream
         if req.remote_prefill is not None:
-            self._remote[seq_id] = req.remote_prefill
+            remote = req.remote_prefill
+            # One line per KV handle received: tests check that no handle reaches two engines.
+            logger.info("decode hop for KV handle %s of engine %s (request %s)",
+                        remote.request_id, remote.engine_id, req.request_id)
+            self._remote[seq_id] = remote
+            self._hold_lease(seq_id, remote)
         self._kick()
         return stream
+
+    def reject(self, remote: RemoteKv) -> None:
+        """A decode hop was refused before it reached the engine: free the prefill's KV.
+
+        vLLM's serving layer does the same (``notify_kv_transfer_request_rejected``), so a
+        bad request does not strand blocks on the prefill until its lease ends.
+        """
+        self._release(remote)
 
     def abort(self, stream: RequestStream) -> None:
         """The client went away: drop the request from the batch and free its KV.
@@ -81,26 +119,66 @@ class SimEngine:
         if self._streams.get(seq_id) is not stream:
             return
         del self._streams[seq_id]
-        self.scheduler.abort(seq_id)
-        self._remote.pop(seq_id, None)
-        pull = self._pulls.pop(seq_id, None)
-        if pull is not None:
-            pull.cancel()
+        self._drop_lease(seq_id)
+        if seq_id in self._pulls:
+            # The read is in flight: let it finish (it frees the prefill's handle), then the
+            # pull drops the request and its blocks.
+            self._draining.add(seq_id)
+        else:
+            self.scheduler.abort(seq_id)
+            remote = self._remote.pop(seq_id, None)
+            if remote is not None:  # never read: vLLM's request_finished notifies the prefill
+                self._release(remote)
         stream.finish(ApiError("request aborted: the client disconnected", 499,
                                "RequestAborted"))
         self._kick()
 
+    # ---- the side channel, prefill side ------------------------------------------------------
+
     def serve_pull(self, seq_id: str, engine_id: str, block_ids: list[int]) -> Handle | None:
-        """A decode engine takes a prefill's KV; None if unknown, expired or not ours."""
-        self._expire()
-        if engine_id != self.engine_id:
-            return None
+        """A decode engine reads a prefill's KV and the handle is freed.
+
+        None when this engine no longer tracks the handle (lease expired, read or released
+        already, never existed): the read still "succeeds", as a NIXL read of raw blocks
+        does, and only the prefill counts and logs it. ``KvRefused`` for another engine id
+        or other blocks than the handle's.
+        """
+        self._expire_due()
+        self._check_engine(engine_id)
         handle = self.scheduler.handles.get(seq_id)
-        if handle is None or handle.blocks != block_ids:
+        if handle is None:
+            self._unrecognized(seq_id)
             return None
-        self.scheduler.pull(seq_id)
-        self._kick()
+        if handle.blocks != block_ids:
+            raise KvRefused(f"KV handle {seq_id!r} holds other blocks than the "
+                            f"{len(block_ids)} asked for")
+        self._free_handle(seq_id)
         return handle
+
+    def serve_release(self, seq_id: str, engine_id: str) -> bool:
+        """A decode engine will not read a handle (vLLM's notification-only read): free it.
+
+        False (counted and logged like any notification of an unknown request) when this
+        engine no longer tracks it. ``KvRefused`` for another engine id.
+        """
+        self._expire_due()
+        self._check_engine(engine_id)
+        if seq_id not in self.scheduler.handles:
+            self._unrecognized(seq_id)
+            return False
+        self._free_handle(seq_id)
+        return True
+
+    def serve_heartbeat(self, engine_id: str, seq_ids: list[str]) -> int:
+        """Push the leases of known handles to at least now + the lease extension.
+
+        Unknown ids are ignored; returns how many handles were known. ``KvRefused`` for
+        another engine id.
+        """
+        self._expire_due()
+        self._check_engine(engine_id)
+        until = time.monotonic() + self.cfg.kv_lease_extension_s
+        return self.scheduler.extend(seq_ids, until)
 
     def kv_bytes(self, prompt_tokens: int) -> int:
         return profiles.kv_bytes(self._model, prompt_tokens, self.cfg.block_size)
@@ -108,7 +186,9 @@ class SimEngine:
     async def close(self) -> None:
         if self._expiry is not None:
             self._expiry.cancel()
-        tasks = [t for t in (self._task, *self._pulls.values()) if t is not None]
+            self._expiry = None
+        tasks = [t for t in (self._task, self._heartbeat_task, *self._pulls.values(),
+                             *self._background) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -179,31 +259,132 @@ class SimEngine:
         m.e2e.observe(now - stream.arrival)
         m.decode_time.observe(now - (stream.first_token_at or now))
         if seq.hold_kv:
-            stream.handle_blocks = self.scheduler.handles[seq.seq_id].blocks
-            self._arm_expiry()
+            handle = self.scheduler.handles[seq.seq_id]
+            stream.handle_blocks = handle.blocks
+            self._arm_expiry(handle.expires_at)
         stream.finish()
 
-    # ---- KV handles on the prefill side ------------------------------------------------------
+    # ---- KV leases on the prefill side ---------------------------------------------------------
 
-    def _arm_expiry(self) -> None:
-        if self._expiry is not None or not self.scheduler.handles:
+    def _check_engine(self, engine_id: str) -> None:
+        if engine_id != self.engine_id:
+            raise KvRefused(f"this is engine {self.engine_id!r}, not {engine_id!r}")
+
+    def _unrecognized(self, seq_id: str) -> None:
+        """A read or release of a handle this engine no longer tracks (vLLM's words)."""
+        self.metrics.notifications_after_expiry.inc()
+        logger.error("Potentially invalid KV blocks for unrecognized request %s were "
+                     "retrieved by a decode worker. They may have expired.", seq_id)
+
+    def _free_handle(self, seq_id: str) -> None:
+        self.scheduler.pull(seq_id)
+        if not self.scheduler.handles:
+            self._disarm_expiry()
+        self._kick()
+
+    def _arm_expiry(self, at: float | None) -> None:
+        """Keep the timer at or before ``at``, the end of a lease (None: no handle left).
+
+        The timer may be early: heartbeats only move leases later, and a timer that finds
+        nothing due re-arms at the earliest end. So ``_expiry_at`` never passes a lease end.
+        """
+        if at is None:
+            self._disarm_expiry()
             return
-        oldest = next(iter(self.scheduler.handles.values()))
-        loop = asyncio.get_running_loop()
-        delay = max(oldest.created_at + self.cfg.kv_handle_ttl_s - time.monotonic(), 0.0)
-        self._expiry = loop.call_later(delay, self._on_expiry_timer)
+        if self._expiry is not None:
+            if self._expiry_at <= at:
+                return
+            self._expiry.cancel()
+        delay = max(at - time.monotonic(), 0.0)
+        self._expiry_at = at
+        self._expiry = asyncio.get_running_loop().call_later(delay, self._on_expiry_timer)
+
+    def _disarm_expiry(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
 
     def _on_expiry_timer(self) -> None:
         self._expiry = None
-        self._expire()
-        self._arm_expiry()
+        # The timer is due at _expiry_at even if the loop's coarser clock fired it a bit early.
+        self._expire(max(time.monotonic(), self._expiry_at))
+        self._arm_expiry(self.scheduler.next_expiry())
 
-    def _expire(self) -> None:
+    def _expire_due(self) -> None:
+        """Free leases that ended before the timer ran (a call racing the timer)."""
         now = time.monotonic()
-        expired = self.scheduler.expire(now, self.cfg.kv_handle_ttl_s)
+        if self._expiry is not None and self._expiry_at <= now:
+            self._expiry.cancel()
+            self._on_expiry_timer()
+
+    def _expire(self, now: float) -> None:
+        expired = self.scheduler.expire(now)
+        for handle in expired:
+            self.metrics.expired_kv.inc()
+            logger.warning("Releasing expired KV blocks for request %s which were retrieved "
+                           "by %d remote worker(s) before lease expired.", handle.seq_id, 0)
         if expired:
-            self.metrics.expired_kv.inc(len(expired))
             self._kick()
+
+    # ---- KV leases on the decode side ----------------------------------------------------------
+
+    def _hold_lease(self, seq_id: str, remote: RemoteKv) -> None:
+        """Heartbeat ``remote`` until its read is over (vLLM: on_new_request)."""
+        self._leases[seq_id] = remote
+        if self._heartbeat_task is None or self._heartbeat_task.done():
+            self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeats())
+
+    def _drop_lease(self, seq_id: str) -> None:
+        """Stop heartbeating for ``seq_id`` (vLLM: _stop_heartbeat); the task ends with the
+        last lease, so an idle engine has none."""
+        if self._leases.pop(seq_id, None) is not None and not self._leases:
+            if self._heartbeat_task is not None:
+                self._heartbeat_task.cancel()
+                self._heartbeat_task = None
+
+    async def _heartbeats(self) -> None:
+        """One heartbeat per remote engine every ``lease / 6`` seconds, naming every lease
+        this engine waits on there. Like vLLM's throttle, the first one goes at once unless
+        one went less than an interval ago."""
+        interval = self.cfg.kv_heartbeat_interval_s
+        while self._leases:
+            wait = self._last_heartbeat + interval - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            self._last_heartbeat = time.monotonic()
+            by_engine: dict[tuple[str, str, int], dict[str, None]] = {}
+            for remote in self._leases.values():
+                key = (remote.engine_id, remote.host, remote.port)
+                by_engine.setdefault(key, {})[remote.request_id] = None
+            for (engine_id, host, port), ids in by_engine.items():
+                self._spawn(self._send_heartbeat(engine_id, host, port, list(ids),
+                                                 min(interval, PULL_TIMEOUT_S)))
+
+    async def _send_heartbeat(self, engine_id: str, host: str, port: int, ids: list[str],
+                              timeout_s: float) -> None:
+        try:
+            await self._puller.heartbeat(host, port, engine_id, ids, timeout_s)
+        except KvPullError as exc:
+            logger.debug("Failed to send heartbeat to engine %s: %s", engine_id, exc.reason)
+
+    def _release(self, remote: RemoteKv) -> None:
+        """Tell the prefill it can free a handle this engine will not read."""
+        self._spawn(self._send_release(remote))
+
+    async def _send_release(self, remote: RemoteKv) -> None:
+        try:
+            await self._puller.release(remote)
+        except KvPullError as exc:
+            logger.warning("Failed to notify engine %s to release the KV blocks of request %s; "
+                           "they will be freed when their lease expires: %s",
+                           remote.engine_id, remote.request_id, exc.reason)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a notification in the background; ``close`` cancels those still running."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # ---- KV pulls on the decode side -------------------------------------------------------
 
@@ -211,35 +392,54 @@ class SimEngine:
         loop = asyncio.get_running_loop()
         for seq in seqs:
             remote = self._remote.pop(seq.seq_id)
-            self._pulls[seq.seq_id] = loop.create_task(self._pull(seq.seq_id, remote))
+            self._pulls[seq.seq_id] = loop.create_task(
+                self._pull(seq.seq_id, remote, seq.prompt_tokens))
 
-    async def _pull(self, seq_id: str, remote: RemoteKv) -> None:
+    async def _pull(self, seq_id: str, remote: RemoteKv, prompt_tokens: int) -> None:
         started = time.monotonic()
         try:
             result = await self._puller.pull(remote)
         except KvPullError as exc:
             self._pull_failed(seq_id, exc.reason, time.monotonic() - started)
             return
+        # A stale read (the prefill no longer tracked the handle) moves this engine's own
+        # prompt worth of blocks, as a NIXL read of the raw blocks would.
+        kv_bytes = self.kv_bytes(prompt_tokens) if result.stale else result.kv_bytes
         posted = time.monotonic()
-        await asyncio.sleep(profiles.transfer_seconds(result.kv_bytes, self._link)
+        await asyncio.sleep(profiles.transfer_seconds(kv_bytes, self._link)
                             * self.cfg.time_scale)
-        self._pull_done(seq_id, remote, result, posted - started, time.monotonic() - posted)
+        self._pull_done(seq_id, remote, kv_bytes, posted - started, time.monotonic() - posted)
 
-    def _pull_done(self, seq_id: str, remote: RemoteKv, result: PullResult, post_s: float,
+    def _pull_done(self, seq_id: str, remote: RemoteKv, kv_bytes: int, post_s: float,
                    xfer_s: float) -> None:
         m = self.metrics
         m.post_time.observe(post_s)
         m.xfer_time.observe(xfer_s)
-        m.bytes_transferred.observe(result.kv_bytes)
+        m.bytes_transferred.observe(kv_bytes)
         m.descriptors.observe(len(remote.block_ids))
         del self._pulls[seq_id]
+        self._drop_lease(seq_id)
+        if self._dropped_after_pull(seq_id):
+            return
         self._streams[seq_id].kv_transfer_s = post_s + xfer_s
         self.scheduler.kv_loaded(seq_id)
         self._kick()
 
+    def _dropped_after_pull(self, seq_id: str) -> bool:
+        """A request aborted while its pull ran leaves once the pull is over."""
+        if seq_id not in self._draining:
+            return False
+        self._draining.discard(seq_id)
+        self.scheduler.abort(seq_id)
+        self._kick()
+        return True
+
     def _pull_failed(self, seq_id: str, reason: str, elapsed_s: float) -> None:
         self.metrics.failed_transfers.inc()
         del self._pulls[seq_id]
+        self._drop_lease(seq_id)
+        if self._dropped_after_pull(seq_id):
+            return
         stream = self._streams[seq_id]
         stream.kv_transfer_s = elapsed_s
         if self.cfg.kv_load_failure_policy == "recompute":

@@ -1,20 +1,31 @@
-"""The decode side of the simulated NIXL handshake: ask the prefill engine for a KV handle.
+"""The decode side of the simulated NIXL side channel: pull, release and heartbeat calls.
 
-The simulator's "side channel" is the prefill engine's own HTTP port: ``POST /sim/kv/pull``
-answers the prompt length and KV bytes and frees the handle, or 404 when the handle is
-unknown, expired or belongs to another engine id. The transfer time itself is modelled by
-the caller from the bytes and the link profile.
+The simulator's "side channel" is the prefill engine's own HTTP port:
+
+- ``POST /sim/kv/pull`` reads a KV handle: it answers the prompt length and KV bytes and
+  frees the handle. A handle the prefill no longer tracks (its lease expired, it was read or
+  released already) still answers 200, with ``{"stale": true}``: vLLM's decode reads raw
+  blocks and only the prefill notices. Only a wrong engine id (vLLM's handshake fails) or a
+  prefill that cannot be reached fails the pull.
+- ``POST /sim/kv/release`` is vLLM's notification-only read: it frees a handle the decode
+  engine will not read (its request was rejected or aborted before the pull).
+- ``POST /sim/kv/heartbeat`` renews the leases of handles a decode engine still waits on.
+
+The transfer time itself is modelled by the caller from the bytes and the link profile.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
 from controller.engines.sim.protocol import RemoteKv
 
 PULL_PATH = "/sim/kv/pull"
+RELEASE_PATH = "/sim/kv/release"
+HEARTBEAT_PATH = "/sim/kv/heartbeat"
 PULL_TIMEOUT_S = 10.0
 
 
@@ -30,15 +41,29 @@ class KvPullError(Exception):
 class PullResult:
     prompt_tokens: int
     kv_bytes: int
+    stale: bool = False  # the prefill no longer tracked the handle: sizes are unknown (0)
+
+
+def kv_url(host: str, port: int, path: str) -> str:
+    host = f"[{host}]" if ":" in host else host  # an IPv6 literal
+    return f"http://{host}:{port}{path}"
 
 
 def pull_url(host: str, port: int) -> str:
-    host = f"[{host}]" if ":" in host else host  # an IPv6 literal
-    return f"http://{host}:{port}{PULL_PATH}"
+    return kv_url(host, port, PULL_PATH)
+
+
+def _detail(resp: httpx.Response) -> str:
+    """The prefill's error message, or the status when the body is not its error shape."""
+    try:
+        message = resp.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {resp.status_code}"
+    return str(message)
 
 
 class KvPuller:
-    """Pulls KV handles over HTTP with one pooled client (created on first use)."""
+    """Talks to prefill engines' side channels with one pooled client (created on first use)."""
 
     def __init__(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self._transport = transport
@@ -59,15 +84,40 @@ class KvPuller:
             raise KvPullError(f"prefill engine {where} unreachable "
                               f"({type(exc).__name__}: {exc})") from exc
         if resp.status_code == 404:
-            raise KvPullError(f"KV handle {remote.request_id!r} unknown or expired on engine "
-                              f"{remote.engine_id!r} at {where}")
+            raise KvPullError(f"KV handshake with engine {remote.engine_id!r} at {where} "
+                              f"failed: {_detail(resp)}")
         if resp.status_code != 200:
             raise KvPullError(f"prefill engine {where} answered HTTP {resp.status_code}")
         try:
             data = resp.json()
+            if data.get("stale") is True:
+                return PullResult(0, 0, stale=True)
             return PullResult(int(data["prompt_tokens"]), int(data["kv_bytes"]))
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise KvPullError(f"prefill engine {where} sent a malformed answer: {exc}") from exc
+
+    async def release(self, remote: RemoteKv) -> None:
+        """Tell the prefill its handle will not be read; ``KvPullError`` if that failed."""
+        body = {"remote_request_id": remote.request_id, "remote_engine_id": remote.engine_id}
+        await self._notify(remote.host, remote.port, RELEASE_PATH, body, PULL_TIMEOUT_S)
+
+    async def heartbeat(self, host: str, port: int, engine_id: str, request_ids: list[str],
+                        timeout_s: float) -> None:
+        """Renew the leases of ``request_ids`` on one prefill; ``KvPullError`` on failure."""
+        body = {"remote_engine_id": engine_id, "request_ids": request_ids}
+        await self._notify(host, port, HEARTBEAT_PATH, body, timeout_s)
+
+    async def _notify(self, host: str, port: int, path: str, body: dict[str, Any],
+                      timeout_s: float) -> None:
+        where = f"{host}:{port}"
+        try:
+            resp = await self._http().post(kv_url(host, port, path), json=body,
+                                           timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            raise KvPullError(f"prefill engine {where} unreachable "
+                              f"({type(exc).__name__}: {exc})") from exc
+        if resp.status_code != 200:
+            raise KvPullError(f"prefill engine {where} refused {path}: {_detail(resp)}")
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -44,7 +44,12 @@ class SimMetrics:
         self.failed_transfers = counter("vllm:nixl_num_failed_transfers_total",
                                         "KV pulls that failed (decode side).")
         self.expired_kv = counter("vllm:nixl_num_kv_expired_reqs_total",
-                                  "Prefill KV handles freed unpulled after the timeout.")
+                                  "Prefill KV handles freed unread when their lease expired "
+                                  "(prefill side).")
+        self.notifications_after_expiry = counter(
+            "vllm:nixl_num_notifications_after_expiry_total",
+            "Reads or releases of KV handles this prefill no longer tracks, usually because "
+            "their lease expired: the blocks may have been reused (prefill side).")
         success = Counter("vllm:request_success", "Requests finished.",
                           ["model_name", "finished_reason"], registry=r)
         self.success_length = success.labels(model_name, "length")

@@ -134,6 +134,22 @@ def _kv_params(body: dict[str, Any]) -> tuple[bool, RemoteKv | None]:
     return decode, _remote_kv(params) if prefill else None
 
 
+def rejected_remote_prefill(body: Any) -> RemoteKv | None:
+    """Where a rejected request's prefill KV waits, if its body names it completely.
+
+    For a body ``parse_request`` refused: vLLM's serving layer still tells the connector about
+    a rejected ``do_remote_prefill`` request (``notify_kv_transfer_request_rejected``) so the
+    prefill frees its blocks. Never raises.
+    """
+    params = body.get("kv_transfer_params") if isinstance(body, dict) else None
+    if not isinstance(params, dict) or params.get("do_remote_prefill") is not True:
+        return None
+    try:
+        return _remote_kv(params)
+    except ApiError:
+        return None
+
+
 def _include_usage(body: dict[str, Any]) -> bool:
     options = body.get("stream_options")
     if options is None:

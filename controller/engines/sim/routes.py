@@ -23,8 +23,13 @@ from starlette.types import Receive, Scope, Send
 from controller import profiles
 from controller.engines.sim import responses as out
 from controller.engines.sim.config import SimEngineConfig
-from controller.engines.sim.engine import SimEngine
-from controller.engines.sim.protocol import ApiError, SimRequest, parse_request
+from controller.engines.sim.engine import KvRefused, SimEngine
+from controller.engines.sim.protocol import (
+    ApiError,
+    SimRequest,
+    parse_request,
+    rejected_remote_prefill,
+)
 from controller.engines.sim.stream import RequestStream
 from controller.engines.sim.text import prompt_seed
 
@@ -52,7 +57,7 @@ def _error(err: ApiError, headers: dict[str, str]) -> JSONResponse:
 async def _json(request: Request) -> Any:
     try:
         return json.loads(await request.body())
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
         raise ApiError(f"request body is not valid JSON: {exc}") from None
 
 
@@ -86,22 +91,84 @@ async def info(request: Request) -> JSONResponse:
     return JSONResponse(body)
 
 
+_Check = tuple[Callable[[Any], bool], str]
+_STR: _Check = (lambda v: isinstance(v, str), "a string")
+_INTS: _Check = (lambda v: isinstance(v, list) and all(
+    isinstance(x, int) and not isinstance(x, bool) for x in v), "a list of integers")
+_STRS: _Check = (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+                 "a list of strings")
+
+
+async def _side_channel_body(request: Request, what: str,
+                             fields: dict[str, _Check]) -> list[Any]:
+    """The named fields of a side-channel call, checked; ``ApiError`` (400) otherwise."""
+    body = await _json(request)
+    if not isinstance(body, dict):
+        raise ApiError(f"bad {what} request: the body must be a JSON object")
+    values = []
+    for name, (check, kind) in fields.items():
+        if name not in body:
+            raise ApiError(f"bad {what} request: {name} is missing")
+        if not check(body[name]):
+            raise ApiError(f"bad {what} request: {name} must be {kind}")
+        values.append(body[name])
+    return values
+
+
+def _refused(exc: KvRefused) -> JSONResponse:
+    return _error(ApiError(str(exc), 404, "NotFoundError"), {})
+
+
 async def kv_pull(request: Request) -> JSONResponse:
-    """The prefill side of the handshake: give a decode engine a KV handle, once."""
+    """The prefill side of a read: hand a decode engine a KV handle and free it.
+
+    A handle this engine no longer tracks answers ``{"stale": true}``: the read of raw
+    blocks "succeeds" as in NIXL, and only this side counts and logs it.
+    """
     st = _state(request)
     try:
-        body = await _json(request)
-        seq_id, engine_id = body["remote_request_id"], body["remote_engine_id"]
-        block_ids = body["remote_block_ids"]
-    except (ApiError, KeyError, TypeError) as exc:
-        return _error(ApiError(f"bad pull request: {exc}"), {})
-    handle = st.engine.serve_pull(seq_id, engine_id, block_ids)
-    if handle is None:
-        err = ApiError(f"no KV handle {seq_id!r} on engine {engine_id!r} (unknown, expired, "
-                       "already pulled or another engine)", 404, "NotFoundError")
+        seq_id, engine_id, block_ids = await _side_channel_body(request, "pull", {
+            "remote_request_id": _STR, "remote_engine_id": _STR, "remote_block_ids": _INTS})
+    except ApiError as err:
         return _error(err, {})
+    try:
+        handle = st.engine.serve_pull(seq_id, engine_id, block_ids)
+    except KvRefused as exc:
+        return _refused(exc)
+    if handle is None:
+        return JSONResponse({"stale": True})
     return JSONResponse({"prompt_tokens": handle.prompt_tokens,
                          "kv_bytes": st.engine.kv_bytes(handle.prompt_tokens)})
+
+
+async def kv_release(request: Request) -> JSONResponse:
+    """A decode engine will not read a handle (vLLM's notification-only read): free it."""
+    st = _state(request)
+    try:
+        seq_id, engine_id = await _side_channel_body(request, "release", {
+            "remote_request_id": _STR, "remote_engine_id": _STR})
+    except ApiError as err:
+        return _error(err, {})
+    try:
+        released = st.engine.serve_release(seq_id, engine_id)
+    except KvRefused as exc:
+        return _refused(exc)
+    return JSONResponse({"released": released})
+
+
+async def kv_heartbeat(request: Request) -> JSONResponse:
+    """A decode engine still waits on these handles: extend their leases."""
+    st = _state(request)
+    try:
+        engine_id, seq_ids = await _side_channel_body(request, "heartbeat", {
+            "remote_engine_id": _STR, "request_ids": _STRS})
+    except ApiError as err:
+        return _error(err, {})
+    try:
+        known = st.engine.serve_heartbeat(engine_id, seq_ids)
+    except KvRefused as exc:
+        return _refused(exc)
+    return JSONResponse({"extended": known})
 
 
 # ---- generation ---------------------------------------------------------------------------
@@ -119,10 +186,17 @@ async def _generate(request: Request, chat: bool) -> Response:
     request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
     headers = {"X-Request-Id": request_id}
     try:
-        req = parse_request(await _json(request), chat=chat, request_id=request_id,
+        body = await _json(request)
+    except ApiError as err:
+        return _error(err, headers)
+    try:
+        req = parse_request(body, chat=chat, request_id=request_id,
                             model_name=st.cfg.model_name,
                             max_model_len=profiles.model(st.cfg.model).max_model_len)
     except ApiError as err:
+        remote = rejected_remote_prefill(body)
+        if remote is not None:  # vLLM frees the prefill's KV of a rejected decode hop
+            st.engine.reject(remote)
         return _error(err, headers)
     stream = st.engine.submit(req)
     watcher = asyncio.create_task(_abort_on_disconnect(request.receive, st.engine, stream))

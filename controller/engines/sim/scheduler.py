@@ -51,14 +51,19 @@ class Seq:
         return self.num_computed > 0 and self.total - self.num_computed == 1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(eq=False, slots=True)
 class Handle:
-    """KV blocks a finished prefill hop keeps for a decode engine to pull."""
+    """KV blocks a finished prefill hop keeps for a decode engine to pull, under a lease.
+
+    The lease starts at the finish time and is pushed later by heartbeats (never earlier),
+    like NixlConnector's ``_reqs_to_send`` deadlines.
+    """
 
     seq_id: str
     prompt_tokens: int
     blocks: list[int]
     created_at: float
+    expires_at: float
 
 
 @dataclass(slots=True)
@@ -96,14 +101,15 @@ class Scheduler:
     """Waiting and running queues over a block pool, plus the handles of finished prefills."""
 
     def __init__(self, capacity_blocks: int, block_size: int, max_num_seqs: int,
-                 max_num_batched_tokens: int) -> None:
+                 max_num_batched_tokens: int, kv_lease_s: float = 30.0) -> None:
         self.pool = BlockPool(capacity_blocks)
+        self.kv_lease_s = kv_lease_s
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
-        self.handles: dict[str, Handle] = {}  # insertion order is creation order
+        self.handles: dict[str, Handle] = {}  # insertion order is creation order, not expiry
         self.num_preemptions = 0
         self._live: dict[str, Seq] = {}
 
@@ -170,15 +176,31 @@ class Scheduler:
             self.pool.give_back(handle.blocks)
         return handle
 
-    def expire(self, now: float, ttl: float) -> list[Handle]:
-        """Free handles created ``ttl`` or more before ``now``."""
-        expired = []
-        for handle in list(self.handles.values()):
-            if handle.created_at + ttl > now:
-                break
-            expired.append(handle)
+    def expire(self, now: float) -> list[Handle]:
+        """Free the handles whose lease ended at or before ``now``.
+
+        Heartbeats move leases in place, so creation order is not expiry order: every
+        handle is looked at, as vLLM's ``_reap_expired_send_leases`` does.
+        """
+        expired = [h for h in self.handles.values() if h.expires_at <= now]
+        for handle in expired:
             self.pull(handle.seq_id)
         return expired
+
+    def extend(self, seq_ids: list[str], until: float) -> int:
+        """Heartbeat: push the leases of known handles to at least ``until``; unknown ids
+        are ignored. Returns how many handles it found."""
+        found = 0
+        for seq_id in seq_ids:
+            handle = self.handles.get(seq_id)
+            if handle is not None:
+                handle.expires_at = max(handle.expires_at, until)
+                found += 1
+        return found
+
+    def next_expiry(self) -> float | None:
+        """When the earliest lease ends, None without handles."""
+        return min((h.expires_at for h in self.handles.values()), default=None)
 
     # ---- one step --------------------------------------------------------------------------
 
@@ -299,7 +321,8 @@ class Scheduler:
         seq.status = Status.FINISHED
         del self._live[seq.seq_id]
         if seq.hold_kv:
-            self.handles[seq.seq_id] = Handle(seq.seq_id, seq.prompt_tokens, seq.blocks, now)
+            self.handles[seq.seq_id] = Handle(seq.seq_id, seq.prompt_tokens, seq.blocks, now,
+                                              now + self.kv_lease_s)
             seq.blocks = []
         else:
             self._release(seq)

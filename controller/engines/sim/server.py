@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import sys
 import time
 import uuid
@@ -19,7 +20,7 @@ from controller import profiles
 from controller.engines.sim import routes
 from controller.engines.sim.config import ConfigError, SimEngineConfig, validate_config
 from controller.engines.sim.engine import SimEngine
-from controller.engines.sim.kv_pull import PULL_PATH, KvPuller
+from controller.engines.sim.kv_pull import HEARTBEAT_PATH, PULL_PATH, RELEASE_PATH, KvPuller
 from controller.engines.sim.metrics import SimMetrics
 from controller.signals import clean_stop_signals
 
@@ -54,6 +55,8 @@ def create_app(cfg: SimEngineConfig,
         Route("/metrics", routes.metrics, methods=["GET"]),
         Route("/sim/info", routes.info, methods=["GET"]),
         Route(PULL_PATH, routes.kv_pull, methods=["POST"]),
+        Route(RELEASE_PATH, routes.kv_release, methods=["POST"]),
+        Route(HEARTBEAT_PATH, routes.kv_heartbeat, methods=["POST"]),
     ], lifespan=lifespan)
     kv_endpoint = {"remote_engine_id": engine_id, "remote_host": _advertised_host(cfg.host),
                    "remote_port": cfg.port, "tp_size": cfg.tp}
@@ -87,8 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="most sequences in the running batch (default: %(default)s)")
     p("--max-num-batched-tokens", type=int, default=8192,
       help="token budget of one step, decodes plus prefill chunks (default: %(default)s)")
-    p("--kv-handle-ttl-s", type=float, default=480.0, help="wall seconds a prefill keeps "
-      "unpulled KV, like VLLM_NIXL_ABORT_REQUEST_TIMEOUT (default: %(default)s)")
+    p("--kv-lease-duration", type=float, default=30.0, metavar="SECONDS",
+      help="wall seconds a prefill keeps KV no decode engine read, renewed by the decode "
+      "engine's heartbeats; NixlConnector's kv_lease_duration (default: %(default)s)")
     p("--block-size", type=int, default=16, help="tokens per KV block (default: %(default)s)")
     p("--engine-id", default=None, help="NIXL engine id (default: a fresh uuid4 hex)")
     p("--startup-delay-s", type=float, default=0.0,
@@ -102,7 +106,7 @@ def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
         model=args.model, served_model_name=args.served_model_name, tp=args.tp, link=args.link,
         time_scale=args.time_scale, kv_load_failure_policy=args.kv_load_failure_policy,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        kv_handle_ttl_s=args.kv_handle_ttl_s, block_size=args.block_size,
+        kv_lease_duration_s=args.kv_lease_duration, block_size=args.block_size,
         engine_id=args.engine_id, startup_delay_s=args.startup_delay_s)
     validate_config(cfg)
     return cfg
@@ -118,6 +122,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     # This process is the engine alone: drop the *_created series process-wide, which halves
     # what a fleet of engines makes Prometheus scrape. Apps built in-process keep the default.
     disable_created_metrics()
+    # The lease warnings and errors (vLLM's own words) go to stderr, in vLLM's log format.
+    logging.basicConfig(level=logging.WARNING,
+                        format="%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s")
+    # ... and one INFO line per KV handle a decode hop brings (which engine got which handle).
+    logging.getLogger("controller.engines.sim.engine").setLevel(logging.INFO)
     app = create_app(cfg)
     with clean_stop_signals():
         uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False,
