@@ -121,7 +121,8 @@ class KvSettings(Strict):
         "it holds the request); fixed when an engine starts"))
     late_hop_share: float = Field(0.5, gt=0, lt=1, description=(
         "a decode hop not sent within this share of the lease after the prefill answered "
-        "goes colocated instead (its KV is released)"))
+        "goes colocated instead (its KV is released); a streaming one with no token by then "
+        "is aborted and served colocated (its KV read is stuck)"))
 
 
 class SimSettings(Strict):

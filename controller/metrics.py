@@ -103,6 +103,10 @@ class Metrics:
             "pdctl_kv_releases", "KV handles the router had freed without reading them, by "
             "reason (client_gone, decode_unavailable, late) and result (ok, failed)",
             ["reason", "result"], registry=r)
+        self.kv_stuck_reads = Counter(
+            "pdctl_kv_stuck_reads", "Disaggregated streaming decode hops aborted (and served "
+            "colocated) because no token came within kv.late_hop_share of the lease: their KV "
+            "read was stuck", registry=r)
         self.kv_suspect = Counter(
             "pdctl_kv_suspect_requests", "Requests whose decode hop read KV blocks that the "
             "prefill engine reported as already freed (output may be wrong)", registry=r)

@@ -131,11 +131,33 @@ class Buffered:
 
 
 class AttemptFailed(Exception):
-    """One decode attempt failed; ``reached``: the engine may have received the request."""
+    """One decode attempt failed; ``reached``: the engine may have received the request;
+    ``stuck``: aborted because its first token did not come in time."""
 
-    def __init__(self, message: str, reached: bool) -> None:
+    def __init__(self, message: str, reached: bool, stuck: bool = False) -> None:
         super().__init__(message)
         self.reached = reached
+        self.stuck = stuck
+
+
+class Prefetched:
+    """A ``Stream`` whose first chunk was read already (within its attempt)."""
+
+    def __init__(self, resp: Stream, first: bytes, rest: AsyncIterator[bytes]) -> None:
+        self.status, self.content_type = resp.status, resp.content_type
+        self._resp, self._first, self._rest = resp, first, rest
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        if self._first:
+            yield self._first
+        async for chunk in self._rest:
+            yield chunk
+
+    async def read(self) -> bytes:
+        return b"".join([c async for c in self.chunks()])
+
+    def close(self) -> None:
+        self._resp.close()
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -378,11 +400,13 @@ class Proxy:
             self._assign_decode(ctx, inst)
             tried.add(inst.id)
             try:
-                resp = await self._attempt(ctx, inst, payload, resend=False)
+                resp = await self._attempt(ctx, inst, payload, resend=False,
+                                           first_by=done.answered_at + self._late_s)
             except AttemptFailed as exc:
                 if exc.reached:
-                    # The handle may have been read: it is never sent again.
-                    ctx.kv_handle = done.handle
+                    # The handle may have been read: it is never sent again. (A hop aborted
+                    # for a stuck read answered nobody: its late read cannot taint output.)
+                    ctx.kv_handle = None if exc.stuck else done.handle
                     return None
             else:
                 ctx.kv_handle = done.handle
@@ -420,9 +444,11 @@ class Proxy:
                                       + "; ".join(ctx.errors[-3:]))
         raise NoInstanceAvailable("no ready decode instance")
 
-    async def _attempt(self, ctx: Ctx, inst: Instance, payload: bytes, resend: bool) -> Stream:
-        """One decode hop to ``inst``: a live stream (streaming, 200) or the whole answer.
-        Raises ``AttemptFailed`` for an unreachable engine, a lost connection or a 5xx."""
+    async def _attempt(self, ctx: Ctx, inst: Instance, payload: bytes, resend: bool,
+                       first_by: float | None = None) -> Stream:
+        """One decode hop to ``inst``: a stream whose first chunk is here (streaming, 200) or
+        the whole answer. Raises ``AttemptFailed`` for an unreachable engine, a lost
+        connection, a 5xx, or no first chunk by ``first_by`` (router clock)."""
         ctx.decode_sent = self._sending(ctx)
         try:
             resp = await self.upstream.open(f"{inst.url}{ctx.endpoint}", payload,
@@ -430,8 +456,8 @@ class Proxy:
         except UpstreamError as exc:
             self._unreachable(ctx, inst, exc)
             raise self._failed(ctx, inst, str(exc), exc.sent) from None
-        if resp.status < 500 and ctx.stream and resp.status == 200:
-            return resp
+        if ctx.stream and resp.status == 200:
+            return await self._first_chunk(ctx, inst, resp, first_by)
         try:
             content = await resp.read()
         except UpstreamError as exc:
@@ -445,12 +471,44 @@ class Proxy:
             raise self._failed(ctx, inst, f"{inst.id} answered {resp.status}", True)
         return Buffered(resp.status, resp.content_type, content)
 
-    def _failed(self, ctx: Ctx, inst: Instance, message: str, reached: bool) -> AttemptFailed:
+    async def _first_chunk(self, ctx: Ctx, inst: Instance, resp: Stream,
+                           first_by: float | None) -> Stream:
+        """Wait for a stream's first chunk within its attempt: until it comes nothing has
+        reached the client, so a failure is still retried. A disaggregated hop whose first
+        token has not come by ``first_by`` is aborted: its KV read is stuck, and vLLM would
+        complete it after the prefill's lease expired, from blocks that may be reused
+        (docs/routing-and-accounting.md, "A stuck KV read")."""
+        chunks = resp.chunks().__aiter__()
+        timeout = None if first_by is None else max(0.0, first_by - self.clock())
+        try:
+            first = await asyncio.wait_for(anext(chunks), timeout)
+        except StopAsyncIteration:
+            first = b""
+        except TimeoutError:
+            resp.close()  # the engine aborts the request; the late read's output is dropped
+            self.metrics.kv_stuck_reads.inc()
+            msg = (f"decode {inst.id} had no token {self._late_s:g} s after the prefill "
+                   "answered (KV read stuck); aborted")
+            ctx.errors.append(msg)
+            raise self._failed(ctx, inst, msg, True, stuck=True) from None
+        except UpstreamError as exc:
+            resp.close()
+            self._unreachable(ctx, inst, exc)
+            raise self._failed(ctx, inst, f"{inst.id} failed before its first token: {exc}",
+                               True) from None
+        except BaseException:
+            resp.close()
+            raise
+        ctx.first_at = time.perf_counter()
+        return Prefetched(resp, first, chunks)
+
+    def _failed(self, ctx: Ctx, inst: Instance, message: str, reached: bool,
+                stuck: bool = False) -> AttemptFailed:
         ctx.retries += 1
         if reached:
             ctx.reached_failures += 1
             ctx.failed_decodes.add(inst.id)
-        return AttemptFailed(message, reached)
+        return AttemptFailed(message, reached, stuck)
 
     def _unreachable(self, ctx: Ctx, inst: Instance, exc: Exception) -> None:
         msg = f"{inst.id} unreachable: {exc}"

@@ -5,6 +5,7 @@ released, at most two failed attempts that reached an engine."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,54 @@ async def test_client_errors_from_the_decode_engine_are_passed_on_not_retried(tm
     status, path = await serve(proxy)
     assert (status, path) == (400, RequestPath.DISAGGREGATED)
     assert len(engines.kv_deliveries()) == 1  # vLLM releases a rejected handle itself
+
+
+class StuckStream(Answer):
+    """A 200 stream whose first token never comes (a KV read that does not complete)."""
+
+    closed = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        await asyncio.Event().wait()
+        yield b""
+
+    def close(self) -> None:
+        StuckStream.closed = True
+
+
+async def test_a_stuck_kv_read_is_aborted_at_the_late_budget_and_served_colocated(
+        tmp_path: Path) -> None:
+    async def stuck(call: Call) -> Answer:
+        return StuckStream(200, {})
+
+    engines = FakeEngines({"decode-1": stuck})
+    # lease 6 s x share 0.02: the first token must come within 0.12 s of the prefill answer.
+    proxy, cluster = make_proxy(tmp_path, engines, kv={"lease_s": 6, "late_hop_share": 0.02})
+    ctx = proxy.new_ctx("/v1/completions",
+                        b'{"prompt": "a prompt long enough to go disaggregated", '
+                        b'"max_tokens": 2, "stream": true}', None)
+    resp = await asyncio.wait_for(proxy.open(ctx), 5)
+    assert [c async for c in resp.chunks()]  # the colocated attempt's answer
+    resp.close()
+    rec = proxy.finish(ctx, "ok", None)
+    assert StuckStream.closed  # the stuck hop was aborted on its engine
+    assert rec.path is RequestPath.COLOCATED and rec.decode_instance == "decode-2"
+    assert rec.kv_handle is None  # its late read answered nobody
+    assert [c.host for c in engines.kv_deliveries()] == ["decode-1"]
+    assert engines.calls[-1].host == "decode-2" and engines.calls[-1].kv is None
+    assert proxy.metrics.kv_stuck_reads._value.get() == 1
+    assert all(i.inflight == 0 for i in cluster.instances.values())
+
+
+async def test_a_stream_whose_first_token_comes_in_time_is_relayed_whole(tmp_path: Path
+                                                                        ) -> None:
+    engines = FakeEngines()
+    proxy, _ = make_proxy(tmp_path, engines)
+    ctx = proxy.new_ctx("/v1/completions",
+                        b'{"prompt": "a prompt long enough to go disaggregated", '
+                        b'"max_tokens": 2, "stream": true}', None)
+    resp = await proxy.open(ctx)
+    body = b"".join([c async for c in resp.chunks()])
+    resp.close()
+    assert b'"ok"' in body and ctx.first_at is not None
+    assert ctx.path is RequestPath.DISAGGREGATED
