@@ -61,16 +61,3 @@ class UpstreamUnreachable(RoutingError):
 
     status_code = 502
     error_type = "upstream_unreachable"
-
-
-class UpstreamFailed(RoutingError):
-    """An engine answered with an error."""
-
-    status_code = 502
-    error_type = "upstream_error"
-
-    def __init__(self, message: str, status: int, body: bytes, kv_load_failure: bool = False):
-        super().__init__(message)
-        self.status = status
-        self.body = body
-        self.kv_load_failure = kv_load_failure

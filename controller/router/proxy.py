@@ -16,7 +16,8 @@ The rules that keep vLLM's KV contract (docs/routing-and-accounting.md):
   attempt instead -- vLLM does not fail a read of expired or reused blocks, so a second read
   could return wrong output with HTTP 200;
 - a handle whose decode hop would start later than ``kv.late_hop_share`` of the lease goes
-  colocated;
+  colocated; a streaming hop with no token by then is aborted (its read is stuck and would
+  complete after the lease, from freed blocks) and served colocated;
 - a handle that will not be read (client gone between the hops, no decode instance could
   take it, late) is released at once: sent to a decode engine in a request its serving layer
   rejects, which makes vLLM notify the prefill to free the blocks;
@@ -418,17 +419,17 @@ class Proxy:
     async def _colocated(self, ctx: Ctx) -> Stream:
         body, ctx.strip_usage = decode_body(ctx.body, None)
         payload = orjson.dumps(body)
-        tried = set(ctx.failed_decodes)
+        tried: set[str] = set()
         inst: Instance | None = ctx.decode
         for attempt in range(self.cluster.routing.max_attempts):
-            if inst is None or inst.id in tried or inst.state.terminal:
-                inst = self.cluster.pick(Role.DECODE, tried)
-            if inst is None and tried - ctx.failed_decodes:
-                # Every other ready decode instance could not be reached once. Nothing went
-                # to the client yet, so try them again after a pause rather than fail.
+            if inst is None or inst.id in tried or inst.id in ctx.failed_decodes:
+                inst = self._pick_colocated(tried | ctx.failed_decodes, tried)
+            if inst is None and tried:
+                # Every ready decode instance was tried once (most could not be reached).
+                # Nothing went to the client yet, so try again after a pause, not fail.
                 await asyncio.sleep(RETRY_PAUSE_S * attempt)
-                tried = set(ctx.failed_decodes)
-                inst = self.cluster.pick(Role.DECODE, tried)
+                tried = set()
+                inst = self._pick_colocated(ctx.failed_decodes, tried)
             if inst is None:
                 break
             self._assign_decode(ctx, inst)
@@ -443,6 +444,12 @@ class Proxy:
             raise UpstreamUnreachable("no decode instance could serve the request: "
                                       + "; ".join(ctx.errors[-3:]))
         raise NoInstanceAvailable("no ready decode instance")
+
+    def _pick_colocated(self, avoid: set[str], tried: set[str]) -> Instance | None:
+        """A decode instance for a colocated attempt: one that has not failed this request
+        if there is one, else (a single-instance pool, say) one that did but is not yet
+        tried again in this round; engines that died refuse the connection."""
+        return self.cluster.pick(Role.DECODE, avoid) or self.cluster.pick(Role.DECODE, tried)
 
     async def _attempt(self, ctx: Ctx, inst: Instance, payload: bytes, resend: bool,
                        first_by: float | None = None) -> Stream:

@@ -248,3 +248,27 @@ async def test_a_stream_whose_first_token_comes_in_time_is_relayed_whole(tmp_pat
     resp.close()
     assert b'"ok"' in body and ctx.first_at is not None
     assert ctx.path is RequestPath.DISAGGREGATED
+
+
+async def test_with_one_decode_instance_the_colocated_attempt_goes_to_it_again(
+        tmp_path: Path) -> None:
+    """The engine behind a stuck read is alive: with no other decode instance, the colocated
+    attempt goes to it (seen on the real lab: otherwise the request failed)."""
+    calls = 0
+
+    async def stuck_then_fine(call: Call) -> Answer:
+        nonlocal calls
+        calls += 1
+        return StuckStream(200, {}) if call.kv else Answer(200, {"choices": [{"text": "ok"}]})
+
+    engines = FakeEngines({"decode-1": stuck_then_fine})
+    proxy, _ = make_proxy(tmp_path, engines, decode=1,
+                          kv={"lease_s": 6, "late_hop_share": 0.02})
+    ctx = proxy.new_ctx("/v1/completions",
+                        b'{"prompt": "a prompt long enough to go disaggregated", '
+                        b'"max_tokens": 2, "stream": true}', None)
+    resp = await asyncio.wait_for(proxy.open(ctx), 5)
+    assert b'"ok"' in b"".join([c async for c in resp.chunks()])
+    resp.close()
+    assert calls == 2 and ctx.path is RequestPath.COLOCATED
+    assert [c.kv is None for c in engines.calls if c.host == "decode-1"] == [False, True]
