@@ -177,7 +177,10 @@ def test_half_the_clients_leave_between_the_hops_and_no_kv_is_left_held(tmp: Pat
         last = time.monotonic()
         assert [s for s in statuses[0::2] if s != 200] == []  # every client that stayed
         ctl.wait(lambda: kv_idle(urls), 10, "prefill and decode KV use back to idle")
-        assert time.monotonic() - last <= 10
+        idle_after = time.monotonic() - last
+        print(f"\n1000 requests, {statuses.count(None)} clients left: KV idle "
+              f"{idle_after:.1f} s after the last request")
+        assert idle_after <= 10
         gone = [r for r in ctl.get("/requests?limit=2000") if r["status"] == "cancelled"]
         assert len(gone) >= 300, len(gone)  # most left before their answer
         released = controller_metric(ctl, "pdctl_kv_releases_total",
