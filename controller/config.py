@@ -143,6 +143,16 @@ class VllmSettings(Strict):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     enforce_eager: bool = False
     extra_env: dict[str, str] = Field(default_factory=dict)
+    kv_connector_extra_config: dict[str, Any] = Field(default_factory=dict, description=(
+        "more NixlConnector settings; default on CPU hosts {num_threads: 0} "
+        "(docs/vllm-lab.md); kv_lease_duration comes from kv.lease_s"))
+
+    @model_validator(mode="after")
+    def _lease_from_kv(self) -> VllmSettings:
+        if "kv_lease_duration" in self.kv_connector_extra_config:
+            raise ValueError("set the lease with kv.lease_s, not "
+                             "vllm.kv_connector_extra_config.kv_lease_duration")
+        return self
 
 
 class ControllerSettings(Strict):

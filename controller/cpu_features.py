@@ -22,6 +22,12 @@ CPUINFO = Path("/proc/cpuinfo")
 # kernel; in float32 vLLM takes its ``vec`` kernel on every x86 CPU, AMX or not, so the lab
 # runs the same attention code on both kinds of machine.
 CPU_ENGINE_DTYPE = "float32"
+# NixlConnector settings for CPU hosts unless ``vllm.kv_connector_extra_config`` says
+# otherwise. vLLM's default of 4 NIXL UCX worker threads per engine left KV reads stuck until
+# the prefill's lease expired on the 2-core lab: 4 expiries and 31 of 280 requests over 10 s
+# (max 64 s), against 0 expiries and 4 of 280 over 10 s (max 18 s) with no worker threads,
+# measured in alternating runs (docs/routing-and-accounting.md, "A stuck KV read").
+CPU_NIXL_EXTRA: dict[str, object] = {"num_threads": 0}
 
 
 def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:

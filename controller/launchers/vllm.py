@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.config import Settings
+from controller.cpu_features import CPU_NIXL_EXTRA
 from controller.errors import ConfigError
 from controller.launchers.base import Launched, LaunchSpec
 from controller.launchers.process import ProcessLauncher, free_port, spawn
@@ -35,7 +36,10 @@ def kv_transfer_config(role: Role, settings: Settings) -> dict[str, Any]:
         "kv_buffer_device": "cpu" if settings.hardware.is_cpu else "cuda",
         "kv_load_failure_policy": settings.vllm.kv_load_failure_policy,
         # Both roles: the prefill holds blocks this long, the decode heartbeats at 1/6 of it.
-        "kv_connector_extra_config": {"kv_lease_duration": settings.kv.lease_s},
+        "kv_connector_extra_config": {
+            **(CPU_NIXL_EXTRA if settings.hardware.is_cpu else {}),
+            **settings.vllm.kv_connector_extra_config,
+            "kv_lease_duration": settings.kv.lease_s},
     }
 
 
