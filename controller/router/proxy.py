@@ -208,16 +208,17 @@ def release_body(model: str, kv_params: dict[str, Any]) -> dict[str, Any]:
             "kv_transfer_params": kv_params}
 
 
-def kv_params_of(reply: Reply) -> dict[str, Any] | None:
-    """The ``kv_transfer_params`` of a successful prefill answer, else None."""
+def prefill_answer(reply: Reply) -> dict[str, Any] | None:
+    """A successful prefill answer, parsed, when it carries ``kv_transfer_params`` (a dict);
+    else None."""
     if reply.status != 200:
         return None
     try:
         data = orjson.loads(reply.body)
     except ValueError:
         return None
-    kv = data.get("kv_transfer_params") if isinstance(data, dict) else None
-    return kv if isinstance(kv, dict) else None
+    ok = isinstance(data, dict) and isinstance(data.get("kv_transfer_params"), dict)
+    return data if ok else None
 
 
 EMPTY_CHOICES, EMPTY_CHOICES_SPACED = b'"choices":[]', b'"choices": []'
@@ -333,17 +334,16 @@ class Proxy:
             reply = await self._prefill_hop(ctx, inst, payload)
             if reply is None:
                 continue
-            kv = kv_params_of(reply)
-            if kv is None:
+            data = prefill_answer(reply)
+            if data is None:
                 ctx.errors.append(f"prefill {inst.id} answered {reply.status}"
                                   + ("" if reply.status != 200 else " with no kv_transfer_params"))
                 ctx.retries += 1
                 continue
-            data = orjson.loads(reply.body)
             ctx.prefill = inst
             ctx.prefill_times = EngineTimes.parse(data.get("metrics"))
             ctx.prefill_wall_ms = (time.perf_counter() - sent) * 1e3
-            return PrefillDone(inst, kv, self.clock())
+            return PrefillDone(inst, data["kv_transfer_params"], self.clock())
         log.warning("%s: prefill hop failed (%s); serving colocated", ctx.rid,
                     "; ".join(ctx.errors) or "no prefill instance")
         return None
@@ -379,9 +379,9 @@ class Proxy:
             return  # no answer: the engine aborted the request or failed; nothing is held
         finally:
             prefill.inflight -= 1
-        kv = kv_params_of(reply)
-        if kv is not None:
-            await self._release(kv, decode, "client_gone", rid)
+        data = prefill_answer(reply)
+        if data is not None:
+            await self._release(data["kv_transfer_params"], decode, "client_gone", rid)
 
     async def _decode_with_kv(self, ctx: Ctx, done: PrefillDone) -> Stream | None:
         """The decode hop carrying the prefill's KV handle, sent once. None: serve the
