@@ -223,6 +223,21 @@ class Cluster:
         self._wake.set()
         return new[role]
 
+    def preview_pool(self, role: Role, size: int | None, tp: int | None) -> list[Action]:
+        """The actions the next reconcile step would take for ``role`` if the change were
+        applied now (a dry run); raises InvalidChange like ``set_pool``, changes nothing."""
+        hw = self.settings.hardware
+        new = validation.check_change(
+            self.targets, role, size, tp, model=self.model, hw=self.hw,
+            per_node=hw.per_node, nodes=hw.nodes, managed=self.launcher.managed,
+            share=hw.share)
+        inp = self._plan_input()
+        planned = plan(PlanInput(new, inp.instances, inp.free_accelerators, inp.now,
+                                 inp.drain_timeout_s, frozenset(Role)))
+        mine = {i.id for i in inp.instances if i.role is role}
+        return [a for a in planned
+                if (a.role is role if isinstance(a, Start) else a.instance_id in mine)]
+
     def set_routing(self, patch: dict[str, Any], actor: str) -> RoutingSettings:
         if not patch:
             raise InvalidChange("nothing to change: give at least one routing field")
