@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 from controller.models import InstanceState, RequestRecord, Role
 
 if TYPE_CHECKING:
-    from controller.cluster import Cluster
+    from controller.fleet import Fleet
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5,
                 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -25,15 +25,15 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0
                0.3, 0.5, 1.0, 2.5)
 
 
-class ClusterCollector(Collector):
-    """Pool and instance gauges read from the cluster at scrape time, so instances that are
+class FleetCollector(Collector):
+    """Pool and instance gauges read from the fleet at scrape time, so instances that are
     gone leave no stale series."""
 
-    def __init__(self, cluster: Cluster) -> None:
-        self._cluster = cluster
+    def __init__(self, fleet: Fleet) -> None:
+        self._fleet = fleet
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        c = self._cluster
+        c = self._fleet
         desired = GaugeMetricFamily("pdctl_pool_desired_instances",
                                     "Desired instances per pool", labels=["role"])
         for role in Role:
@@ -43,7 +43,7 @@ class ClusterCollector(Collector):
                                    labels=["role", "state"])
         for role in Role:
             for state in InstanceState:
-                n = sum(1 for i in c.instances.values() if i.role is role and i.state is state)
+                n = sum(1 for i in c.registry if i.role is role and i.state is state)
                 states.add_metric([role.value, state.value], n)
         yield states
         gauges = {
@@ -68,7 +68,7 @@ class ClusterCollector(Collector):
                 "Reads of KV blocks the engine had already freed, reported to it after the fact "
                 "(vllm:nixl_num_notifications_after_expiry)", labels=["instance", "role"]),
         }
-        for inst in c.instances.values():
+        for inst in c.registry:
             if inst.state.terminal:
                 continue
             for attr, fam in gauges.items():
@@ -112,8 +112,8 @@ class Metrics:
             "prefill engine reported as already freed (output may be wrong)", registry=r)
         self._parts = [(f"{name}_ms", self.component.labels(name)) for name in PARTS]
 
-    def attach(self, cluster: Cluster) -> None:
-        self.registry.register(ClusterCollector(cluster))
+    def attach(self, fleet: Fleet) -> None:
+        self.registry.register(FleetCollector(fleet))
 
     def observe(self, rec: RequestRecord) -> None:
         self.requests.labels(rec.path.value, rec.status).inc()

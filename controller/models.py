@@ -47,8 +47,9 @@ class RequestPath(enum.StrEnum):
 class Instance:
     """One engine instance as the controller sees it.
 
-    ``inflight`` is counted by the router (requests it has sent and not finished);
-    ``running``/``waiting``/``kv_usage`` come from the engine's own /metrics.
+    Only the fleet's registry writes it (``controller.fleet.registry``): lifecycle from the
+    fleet loop, ``running``/``waiting``/``kv_usage`` and NIXL counters from the engine's own
+    /metrics. Requests in flight are the router's (``RoutingTable.inflight``).
     """
 
     id: str
@@ -59,7 +60,6 @@ class Instance:
     created_at: float = 0.0
     ready_at: float | None = None
     drain_started_at: float | None = None
-    inflight: int = 0
     running: float = 0.0
     waiting: float = 0.0
     kv_usage: float = 0.0
@@ -70,14 +70,13 @@ class Instance:
     kv_expired: float = 0.0  # cumulative, vllm:nixl_num_kv_expired_reqs (prefill side)
     kv_after_expiry: float = 0.0  # cumulative, vllm:nixl_num_notifications_after_expiry
     health_failures: int = 0
-    suspect_until: float = 0.0
     ended_at: float | None = None
     last_error: str | None = None
     accelerators: tuple[int, ...] = ()  # the devices (GPUs, CPU cores) it runs on
     slots: tuple[int, ...] = ()  # placement slots; differ from devices when instances share
     handle: Any = field(default=None, repr=False)
 
-    def public(self) -> dict[str, Any]:
+    def public(self, inflight: int = 0) -> dict[str, Any]:
         return {
             "id": self.id,
             "role": self.role.value,
@@ -88,7 +87,7 @@ class Instance:
             "created_at": self.created_at,
             "ready_at": self.ready_at,
             "load": {
-                "inflight": self.inflight,
+                "inflight": inflight,
                 "running": self.running,
                 "waiting": self.waiting,
                 "kv_cache_usage": self.kv_usage,

@@ -42,7 +42,7 @@ from controller.launchers.process import free_port, spawn, stop_group, tail
 from controller.models import Instance, InstanceState
 
 if TYPE_CHECKING:
-    from controller.cluster import Cluster
+    from controller.fleet.registry import Registry
 
 CONTROLLER_JOB = "pdctl-controller"
 ENGINE_JOB = "pdctl-engines"
@@ -117,13 +117,13 @@ class TargetsFile:
         return True
 
 
-async def keep_targets(cluster: Cluster, path: Path, period_s: float) -> None:
-    """Rewrite ``path`` whenever the cluster's serving instances change (checked every
+async def keep_targets(registry: Registry, path: Path, period_s: float) -> None:
+    """Rewrite ``path`` whenever the fleet's serving instances change (checked every
     ``period_s``, the reconcile tick, which is also when instances change state)."""
     targets = TargetsFile(path)
     while True:
         with contextlib.suppress(OSError):
-            targets.update(cluster.instances.values())
+            targets.update(registry)
         await asyncio.sleep(period_s)
 
 

@@ -1,17 +1,22 @@
 """Pure planning: from desired pools and observed instances to a list of actions.
 
-``plan`` decides, the cluster loop applies. A TP change is a rolling replace with a surge of
-one: a new instance at the new TP starts, and only once it is ready does an old one drain, so
-serving capacity never drops below the desired size (when the accelerators for one extra
-instance are not free, an old instance drains first and the dip is stated in the reason).
-Draining instances stop once their in-flight requests finish or the drain timeout passes.
+``plan`` decides everything -- which instances start, drain and stop, where a new instance
+runs (its placement slots) and whether a pool may start one at all (its backoff) -- and the
+fleet loop (``controller.fleet.loop``) only carries the actions out.
+
+A TP change is a rolling replace with a surge of one: a new instance at the new TP starts,
+and only once it is ready does an old one drain, so serving capacity never drops below the
+desired size (when the accelerators for one extra instance are not free, an old instance
+drains first and the dip is stated in the reason). Draining instances stop once their in-
+flight requests finish or the drain timeout passes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
+from controller import placement
 from controller.models import InstanceState, Role
 
 
@@ -39,6 +44,7 @@ class Start:
     role: Role
     tp: int
     reason: str
+    slots: tuple[int, ...] = ()  # placement slots, chosen by the plan (``placement.allocate``)
 
 
 @dataclass(frozen=True)
@@ -57,24 +63,41 @@ Action = Start | Drain | Stop
 
 
 @dataclass(frozen=True)
+class Capacity:
+    """The accelerators' layout and the placement slots in use (by instances that hold
+    accelerators, stopping ones included)."""
+
+    per_node: int
+    nodes: int
+    share: int = 1
+    used: frozenset[int] = frozenset()
+
+    @classmethod
+    def with_free(cls, free: int, per_node: int = 8) -> Capacity:
+        """A layout of nodes of ``per_node`` with exactly ``free`` slots free (tables)."""
+        nodes = max(1, -(-free // per_node))
+        return cls(per_node, nodes, 1, frozenset(range(free, nodes * per_node)))
+
+
+@dataclass(frozen=True)
 class PlanInput:
     targets: dict[Role, PoolTarget]
     instances: tuple[Observed, ...]
-    free_accelerators: int
+    capacity: Capacity
     now: float
     drain_timeout_s: float
-    may_start: frozenset[Role] = frozenset(Role)
+    backoff_until: Mapping[Role, float] = field(default_factory=dict)  # no start before
 
 
 def plan(inp: PlanInput) -> list[Action]:
     """Actions that move the observed instances toward the targets, for every role."""
     actions: list[Action] = []
-    budget = inp.free_accelerators
+    used = set(inp.capacity.used)
     for role, target in inp.targets.items():
         mine = [i for i in inp.instances if i.role is role]
         actions += _finish_drains(mine, inp.now, inp.drain_timeout_s)
-        role_actions, budget = _plan_pool(role, target, mine, budget, role in inp.may_start)
-        actions += role_actions
+        may_start = inp.now >= inp.backoff_until.get(role, 0.0)
+        actions += _plan_pool(role, target, mine, inp.capacity, used, may_start)
     return actions
 
 
@@ -99,8 +122,9 @@ def _drain_order(items: list[Observed]) -> list[Observed]:
     return sorted(items, key=lambda i: (i.inflight, -i.created_at, i.id))
 
 
-def _plan_pool(role: Role, target: PoolTarget, mine: list[Observed], budget: int,
-               may_start: bool) -> tuple[list[Action], int]:
+def _plan_pool(role: Role, target: PoolTarget, mine: list[Observed], cap: Capacity,
+               used: set[int], may_start: bool) -> list[Action]:
+    """One pool's actions; the slots of the instances it starts are added to ``used``."""
     live = [i for i in mine if i.state in (InstanceState.STARTING, InstanceState.READY)]
     match = [i for i in live if i.tp == target.tp]
     stale = [i for i in live if i.tp != target.tp]
@@ -119,7 +143,7 @@ def _plan_pool(role: Role, target: PoolTarget, mine: list[Observed], budget: int
         for i in _drain_order(match_ready)[: max(0, excess - len(starting))]:
             actions.append(Drain(i.id, f"scale {role.value} down to {target.size}"))
         actions += [Drain(i.id, f"TP {i.tp} -> {target.tp}") for i in stale_ready]
-        return actions, budget
+        return actions
 
     # Old-TP instances keep serving until enough new ones are ready.
     n_drain = max(0, len(match_ready) + len(stale_ready) - target.size)
@@ -130,7 +154,8 @@ def _plan_pool(role: Role, target: PoolTarget, mine: list[Observed], budget: int
     room = target.size + surge - (len(match) + len(stale_ready))
     n_start = min(target.size - len(match), room) if may_start else 0
     for _ in range(max(0, n_start)):
-        if budget < target.tp:
+        slots = placement.allocate(used, cap.per_node, cap.nodes, target.tp, cap.share)
+        if slots is None:
             if stale_ready and not to_drain and not any(
                 i.state is InstanceState.DRAINING for i in mine
             ):
@@ -138,7 +163,7 @@ def _plan_pool(role: Role, target: PoolTarget, mine: list[Observed], budget: int
                 actions.append(Drain(victim.id, f"TP {victim.tp} -> {target.tp}: no spare "
                                      "accelerators for a surge instance, draining first"))
             break
-        budget -= target.tp
+        used.update(slots)
         why = f"TP {target.tp} replacement" if stale_ready else f"{role.value} pool below size"
-        actions.append(Start(role, target.tp, f"{why} ({len(match)}/{target.size})"))
-    return actions, budget
+        actions.append(Start(role, target.tp, f"{why} ({len(match)}/{target.size})", slots))
+    return actions

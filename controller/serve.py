@@ -223,8 +223,8 @@ def run_lab(args: argparse.Namespace) -> int:
 
 def _apply_lab_sizes(st: AppState, args: argparse.Namespace) -> None:
     for role, size in ((Role.PREFILL, args.prefill), (Role.DECODE, args.decode)):
-        if size is not None and size != st.cluster.targets[role].size:
-            st.cluster.set_pool(role, size, None, "pdctl lab")
+        if size is not None and size != st.fleet.targets[role].size:
+            st.fleet.set_pool(role, size, None, "pdctl lab")
 
 
 def controller_url(st: AppState) -> str:
@@ -259,7 +259,7 @@ def _attention_lines(settings: Settings) -> list[str]:
 def _banner(st: AppState, console_url: str | None, prom: str) -> str:
     cs = st.settings.controller
     base = controller_url(st)
-    t = st.cluster.targets
+    t = st.fleet.targets
     return "\n".join([
         "",
         f"pdctl lab ({st.settings.backend}: {st.settings.model.public_name} on "
@@ -324,15 +324,15 @@ async def start_lab_prometheus(st: AppState) -> tuple[prometheus.PrometheusProc 
 
 def progress_line(st: AppState) -> str | None:
     """One line on how far the pools are from their desired state; None when converged."""
-    views = {r: st.cluster.pool_view(r) for r in Role}
+    views = {r: st.fleet.pool_view(r) for r in Role}
     if all(v["converged"] for v in views.values()):
         return None
     line = "converging: " + ", ".join(
         f"{r.value} {v['actual']['ready_at_desired_tp']}/{v['desired']['size']} ready"
         for r, v in views.items())
-    starting = [i for i in st.cluster.instances.values() if i.state is InstanceState.STARTING]
+    starting = [i for i in st.fleet.registry if i.state is InstanceState.STARTING]
     if starting:
-        now = st.cluster.clock()
+        now = st.fleet.clock()
         line += "; starting " + ", ".join(f"{i.id} {now - i.created_at:.0f}s" for i in starting)
     return line
 
@@ -343,10 +343,10 @@ async def report_progress(st: AppState, every_s: float = 2.0, quiet_s: float = 1
     last, last_at, ready_said = "", 0.0, False
     while True:
         line = progress_line(st)
-        now = st.cluster.clock()
+        now = st.fleet.clock()
         if line is None and not ready_said:
             print("pools ready: " + ", ".join(
-                f"{r.value} {len(st.cluster.ready(r))}" for r in Role), flush=True)
+                f"{r.value} {len(st.fleet.ready(r))}" for r in Role), flush=True)
             ready_said = True
         elif line is not None:
             ready_said = False

@@ -1,4 +1,4 @@
-"""``create_app``: builds one controller (store, launcher, cluster, router) and its routes.
+"""``create_app``: builds one controller (store, launcher, fleet, router) and its routes.
 
 The lifespan starts the reconcile and load-polling loops and the writer of Prometheus's engine
 targets file and, on the way out, stops every instance the controller started.
@@ -25,9 +25,9 @@ from starlette.responses import JSONResponse, Response
 from controller import prometheus
 from controller.api import control, data
 from controller.api.state import AppState
-from controller.cluster import Cluster
 from controller.config import Settings
 from controller.errors import InvalidChange, PdctlError
+from controller.fleet import build_fleet
 from controller.kv_integrity import LeaseWatch
 from controller.launchers.base import Launcher
 from controller.launchers.external import ExternalLauncher
@@ -70,14 +70,15 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
     state_dir = settings.controller.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
     store = Store(state_dir / "state.db")
-    upstream = H1Upstream(settings.routing.request_timeout_s)
-    probe_client = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
-    cluster = Cluster(settings, store, launcher or make_launcher(settings), probe_client)
+    fleet, table = build_fleet(settings, store, launcher or make_launcher(settings),
+                               httpx.AsyncClient(timeout=httpx.Timeout(5.0)))
+    upstream = H1Upstream(lambda: table.settings.request_timeout_s)  # the live value
     metrics = Metrics()
-    metrics.attach(cluster)
+    metrics.attach(fleet)
     requests = RequestLog(settings.controller.request_buffer)
-    proxy = Proxy(cluster, upstream, make_counter(settings.model.path), requests, metrics)
-    return AppState(settings, store, cluster, proxy, requests, metrics, upstream,
+    proxy = Proxy(settings, table, upstream, make_counter(settings.model.path), requests,
+                  metrics)
+    return AppState(settings, store, fleet, table, proxy, requests, metrics, upstream,
                     ensure_token(state_dir), LeaseWatch(requests, metrics, store))
 
 
@@ -87,9 +88,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     st.store.record("controller", "controller.start", "controller", None,
                     {"backend": st.settings.backend, "model": st.settings.model.name})
     sd_file = prometheus.targets_path(st.settings.controller.state_dir)
-    tasks = [asyncio.create_task(st.cluster.run()),
-             asyncio.create_task(st.cluster.run_load_poller(st.lease_watch.check)),
-             asyncio.create_task(prometheus.keep_targets(st.cluster, sd_file,
+    tasks = [asyncio.create_task(st.fleet.run()),
+             asyncio.create_task(st.fleet.run_load_poller(st.lease_watch.check)),
+             asyncio.create_task(prometheus.keep_targets(st.fleet.registry, sd_file,
                                                          st.settings.controller.tick_s))]
     try:
         yield
@@ -98,10 +99,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await st.proxy.close()  # KV releases in flight still need their engines
-        await st.cluster.shutdown()
+        await st.fleet.shutdown()
         prometheus.clear_targets(sd_file)
         await st.upstream.close()
-        await st.cluster.client.aclose()
         st.store.record("controller", "controller.stop", "controller")
         st.store.close()
 
@@ -140,8 +140,8 @@ def create_app(settings: Settings, launcher: Launcher | None = None) -> FastAPI:
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
-        c = app.state.pdctl.cluster
-        return {"status": "ok", "ready": {r.value: len(c.ready(r)) for r in Role}}
+        t = app.state.pdctl.table
+        return {"status": "ok", "ready": {r.value: len(t.ready(r)) for r in Role}}
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -46,14 +46,18 @@ class RoutingUpdate(BaseModel):
     request_timeout_s: float | None = Field(None, gt=0)
 
 
+def instance_view(st: AppState, inst: Instance) -> dict[str, Any]:
+    return inst.public(st.table.inflight(inst.id))
+
+
 def actor(request: Request) -> str:
     return request.headers.get("x-pdctl-actor", "api")
 
 
 @router.get("/cluster")
 def get_cluster(st: State) -> dict[str, Any]:
-    s, c = st.settings, st.cluster
-    m = c.model
+    s, f = st.settings, st.fleet
+    m = s.model_profile
     return {
         "model": {"name": s.model.name, "served_name": s.model.public_name,
                   "params": m.params, "layers": m.layers, "heads": m.heads,
@@ -63,63 +67,63 @@ def get_cluster(st: State) -> dict[str, Any]:
         "hardware": {"accelerator": s.hardware.accelerator,
                      "accelerators_per_node": s.hardware.per_node, "nodes": s.hardware.nodes,
                      "total_accelerators": s.hardware.total_accelerators,
-                     "used_accelerators": c.used_accelerators(),
+                     "used_accelerators": f.registry.used_accelerators(),
                      "kv_link": s.hardware.kv_link},
-        "pools": {r.value: c.pool_view(r) for r in Role},
-        "routing": c.routing.model_dump(),
-        "instances": [i.public() for i in c.instances.values()],
+        "pools": {r.value: f.pool_view(r) for r in Role},
+        "routing": st.table.settings.model_dump(),
+        "instances": [instance_view(st, i) for i in f.registry],
     }
 
 
 @router.patch("/pools/{role}")
 def patch_pool(role: Role, body: PoolUpdate, st: State, request: Request) -> dict[str, Any]:
-    st.cluster.set_pool(role, body.size, body.tp, actor(request))
-    return st.cluster.pool_view(role)
+    st.fleet.set_pool(role, body.size, body.tp, actor(request))
+    return st.fleet.pool_view(role)
 
 
 @router.get("/pools/{role}")
 def get_pool(role: Role, st: State) -> dict[str, Any]:
-    return st.cluster.pool_view(role)
+    return st.fleet.pool_view(role)
 
 
 @router.get("/instances")
 def list_instances(st: State, role: Role | None = None,
                    state: InstanceState | None = None) -> list[dict[str, Any]]:
-    return [i.public() for i in st.cluster.instances.values()
+    return [instance_view(st, i) for i in st.fleet.registry
             if (role is None or i.role is role) and (state is None or i.state is state)]
 
 
 @router.get("/instances/{instance_id}")
 def get_instance(instance_id: str, st: State) -> dict[str, Any]:
-    inst = st.cluster.instances.get(instance_id)
+    inst = st.fleet.registry.get(instance_id)
     if inst is None:
         raise NotFound(f"no instance {instance_id!r}")
-    return inst.public()
+    return instance_view(st, inst)
 
 
 @router.get("/instances/{instance_id}/log")
 def instance_log(instance_id: str, st: State,
                  lines: Annotated[int, Query(ge=1, le=5000)] = 100) -> dict[str, Any]:
-    inst = st.cluster.instances.get(instance_id)
+    inst = st.fleet.registry.get(instance_id)
     if inst is None:
         raise NotFound(f"no instance {instance_id!r}")
-    return {"id": inst.id, "log": st.cluster.launcher.log_tail(inst.handle, lines)}
+    return {"id": inst.id, "log": st.fleet.launcher.log_tail(inst.handle, lines)}
 
 
 @router.post("/instances/{instance_id}/drain")
 def drain_instance(instance_id: str, st: State, request: Request) -> dict[str, Any]:
-    return st.cluster.drain(instance_id, actor(request)).public()
+    return instance_view(st, st.fleet.drain(instance_id, actor(request)))
 
 
 @router.get("/routing")
 def get_routing(st: State) -> dict[str, Any]:
-    return st.cluster.routing.model_dump()
+    return st.table.settings.model_dump()
 
 
 @router.patch("/routing")
 def patch_routing(body: RoutingUpdate, st: State, request: Request) -> dict[str, Any]:
     patch = body.model_dump(exclude_unset=True)
-    return st.cluster.set_routing(patch, actor(request)).model_dump()
+    return st.table.update(patch, actor(request)).model_dump()
 
 
 @router.get("/requests")
@@ -139,14 +143,16 @@ def nixl_totals(instances: list[Instance]) -> dict[str, float]:
 def pool_utilization(st: AppState) -> dict[str, Any]:
     out = {}
     for role in Role:
-        ready = st.cluster.ready(role)
+        ready = st.table.ready(role)
         n = len(ready)
+        inflight = [st.table.inflight(i.id) for i in ready]
         out[role.value] = {
             "ready_instances": n,
-            "inflight": sum(i.inflight for i in ready),
+            "inflight": sum(inflight),
             "running": sum(i.running for i in ready),
             "waiting": sum(i.waiting for i in ready),
-            "busy_share": sum(1 for i in ready if i.inflight or i.running) / n if n else 0.0,
+            "busy_share": sum(1 for i, k in zip(ready, inflight, strict=True) if k or i.running)
+            / n if n else 0.0,
             "kv_cache_usage_mean": sum(i.kv_usage for i in ready) / n if n else 0.0,
             "nixl": nixl_totals(ready),
         }
@@ -156,7 +162,8 @@ def pool_utilization(st: AppState) -> dict[str, Any]:
 @router.get("/stats")
 def get_stats(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 60.0
               ) -> dict[str, Any]:
-    out = stats(st.requests.columns(window_s), window_s, st.cluster.routing.transfer_alert_share)
+    out = stats(st.requests.columns(window_s), window_s,
+                st.table.settings.transfer_alert_share)
     out["pools"] = pool_utilization(st)
     out["total_requests"] = st.requests.total
     out["kv_integrity"] = st.lease_watch.summary(window_s)
@@ -176,13 +183,13 @@ def get_timeseries(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)]
 @router.get("/advisor")
 def get_advisor(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 600.0
                 ) -> dict[str, Any]:
-    c = st.cluster
-    decode = c.ready(Role.DECODE)
+    s, targets = st.settings, st.fleet.targets
+    decode = st.table.ready(Role.DECODE)
     batch = sum(i.running for i in decode) / len(decode) if decode else None
-    return advisor.advise(c.model, c.hw, profiles.link(st.settings.hardware.kv_link),
-                          c.targets[Role.PREFILL].tp, c.targets[Role.DECODE].tp,
+    return advisor.advise(s.model_profile, s.hardware.profile, profiles.link(s.hardware.kv_link),
+                          targets[Role.PREFILL].tp, targets[Role.DECODE].tp,
                           st.requests.window(window_s), batch,
-                          c.routing.transfer_alert_share)
+                          st.table.settings.transfer_alert_share)
 
 
 @router.get("/events")

@@ -9,25 +9,20 @@ per request (the disconnect watch). ``GET /v1/models`` is an ordinary FastAPI ro
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-import orjson
 from fastapi import APIRouter
 from starlette.requests import Request
 
 from controller.api.state import AppState, app_state
-from controller.errors import RoutingError, UpstreamUnreachable
-from controller.router.proxy import TAIL_BYTES, Ctx, Proxy, last_event, strip_usage_event
-from controller.router.upstream import Stream, UpstreamError
+from controller.errors import RoutingError
+from controller.router.answer import Answer, error_body
+from controller.router.proxy import Proxy
 
 log = logging.getLogger("pdctl.router")
 router = APIRouter()
-DONE = b"data: [DONE]"
-DONE_EVENT = b"data: [DONE]\n\n"
 ENDPOINTS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 Scope = MutableMapping[str, Any]
@@ -35,13 +30,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-def error_body(exc: Exception) -> tuple[int, bytes]:
-    status = getattr(exc, "status_code", 500)
-    kind = getattr(exc, "error_type", "server_error")
-    return status, json.dumps({"error": {"message": str(exc), "type": kind,
-                                         "code": status}}).encode()
 
 
 def _headers(rid: str | None, content_type: str, length: int | None = None
@@ -72,11 +60,11 @@ class _Exchange:
     async def respond(self, status: int, body: bytes, rid: str | None,
                       content_type: str = "application/json") -> None:
         await self.start(status, _headers(rid, content_type, len(body)))
-        await self.end(body)
+        await self.write(body, False)
 
-    async def end(self, body: bytes = b"") -> None:
-        self.complete = True
-        await self.send({"type": "http.response.body", "body": body, "more_body": False})
+    async def write(self, body: bytes, more: bool) -> None:
+        self.complete = not more
+        await self.send({"type": "http.response.body", "body": body, "more_body": more})
 
 
 async def _read_body(receive: Receive) -> bytes | None:
@@ -124,97 +112,30 @@ async def serve(proxy: Proxy, endpoint: str, scope: Scope, receive: Receive, sen
     assert task is not None
     watch = loop.create_task(_watch(receive, task, ex))
     try:
-        await _exchange(proxy, ctx, ex)
+        async with proxy.serve(ctx) as answer:
+            await _send(answer, ex, ctx.rid)
     except asyncio.CancelledError:
         if not ex.client_gone:
             raise  # the server is shutting down: not ours to swallow
         task.uncancel()
-        if not ctx.finished:
-            proxy.finish(ctx, "cancelled", None, "client disconnected")
     except Exception as exc:
-        # A bug, not an engine's failure: still record the request and answer the client.
+        # A bug while answering (recorded by ``serve``): the client still gets an answer.
         log.exception("%s: unexpected error", ctx.rid)
-        err = RuntimeError(f"internal error in the router: {type(exc).__name__}: {exc}")
-        if not ctx.finished:
-            proxy.fail(ctx, err)
         if not ex.started:
-            await ex.respond(*error_body(err), ctx.rid)
+            await ex.respond(*error_body(RuntimeError(f"internal error in the router: {exc}")),
+                             ctx.rid)
     finally:
         watch.cancel()
 
 
-async def _exchange(proxy: Proxy, ctx: Ctx, ex: _Exchange) -> None:
-    try:
-        resp = await proxy.open(ctx)
-    except RoutingError as exc:
-        proxy.fail(ctx, exc)
-        await ex.respond(*error_body(exc), ctx.rid)
+async def _send(answer: Answer, ex: _Exchange, rid: str) -> None:
+    if answer.body is not None:
+        await ex.respond(answer.status, answer.body, rid, answer.content_type)
         return
-    try:
-        if ctx.stream and resp.status == 200:
-            await _relay(proxy, ctx, resp, ex)
-        else:
-            await _whole(proxy, ctx, resp, ex)
-    finally:
-        resp.close()
-
-
-async def _whole(proxy: Proxy, ctx: Ctx, resp: Stream, ex: _Exchange) -> None:
-    try:
-        content = await resp.read()
-    except UpstreamError as exc:
-        err = UpstreamUnreachable(f"decode instance failed before answering: {exc}")
-        proxy.fail(ctx, err)
-        await ex.respond(*error_body(err), ctx.rid)
-        return
-    data: Any = None
-    try:
-        data = orjson.loads(content)
-    except ValueError:
-        pass
-    ok = resp.status == 200
-    proxy.finish(ctx, "ok" if ok else "error", data if isinstance(data, dict) else None,
-                 None if ok else f"decode answered {resp.status}")
-    await ex.respond(resp.status, content, ctx.rid, resp.content_type)
-
-
-async def _relay(proxy: Proxy, ctx: Ctx, resp: Stream, ex: _Exchange) -> None:
-    send = ex.send
-    await ex.start(200, _headers(ctx.rid, "text/event-stream"))
-    tail = b""
-    status, error = "cancelled", None
-    try:
-        async for chunk in resp.chunks():
-            if ctx.first_at is None:
-                ctx.first_at = time.perf_counter()
-            tail = (tail + chunk)[-TAIL_BYTES:]
-            if ex.complete:
-                continue  # after [DONE]: only the upstream's end of body is left to read
-            if ctx.strip_usage:
-                chunk = strip_usage_event(chunk)
-                if not chunk:
-                    continue
-            if chunk.endswith(DONE_EVENT):
-                # The stream's last event: send it with the end of the body (one write).
-                await ex.end(chunk)
-                continue
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        status = "ok"
-    except UpstreamError as exc:
-        if ex.complete:
-            status = "ok"  # the client had the whole stream; only the engine's close failed
-            return
-        # Tokens already reached the client, so no retry: end the stream with a clear error.
-        status, error = "error", f"decode instance failed mid-stream: {exc}"
-        event = {"error": {"message": error, "type": "upstream_error", "code": 502}}
-        await send({"type": "http.response.body", "more_body": True,
-                    "body": f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode()})
-    finally:
-        if status == "cancelled" and DONE in tail:
-            status = "ok"  # the client had the whole stream and hung up before the engine did
-        proxy.finish(ctx, status, last_event(tail), error)
+    await ex.start(200, _headers(rid, "text/event-stream"))
+    await answer.relay(ex.write)
     if not ex.complete:
-        await ex.end()
+        await ex.write(b"", False)
 
 
 class DataPlane:
@@ -241,7 +162,7 @@ class DataPlane:
 @router.get("/v1/models")
 async def models(request: Request) -> dict[str, Any]:
     s = app_state(request).settings
-    m = app_state(request).cluster.model
+    m = s.model_profile
     return {"object": "list", "data": [{
         "id": s.model.public_name, "object": "model", "created": 0, "owned_by": "pdctl",
         "root": s.model.name, "max_model_len": m.max_model_len}]}

@@ -1,4 +1,5 @@
-"""The objects one controller app owns, built by ``create_app`` and reached from requests."""
+"""The objects one controller app owns, built by ``create_app`` and reached from requests;
+each piece of state has one owner among them."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from controller.cluster import Cluster
 from controller.config import Settings
+from controller.fleet import Fleet
 from controller.kv_integrity import LeaseWatch
 from controller.metrics import Metrics
 from controller.requests_log import RequestLog
 from controller.router.proxy import Proxy
+from controller.router.table import RoutingTable
 from controller.router.upstream import Upstream
 from controller.store import Store
 
@@ -20,7 +22,8 @@ from controller.store import Store
 class AppState:
     settings: Settings
     store: Store
-    cluster: Cluster
+    fleet: Fleet  # the engines: desired pools, instances, the reconcile loop
+    table: RoutingTable  # the router's: live routing settings, candidates, in-flight counts
     proxy: Proxy
     requests: RequestLog
     metrics: Metrics

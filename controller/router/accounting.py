@@ -1,5 +1,5 @@
-"""Where a request's time-to-first-token went: a pure function over the router's own
-timestamps and the engines' per-request metrics.
+"""Where a request's time-to-first-token went, and the request's record: pure functions over
+the router's own timestamps and the engines' per-request metrics (``account``).
 
 Parts (milliseconds), always summing exactly to ``ttft_ms``:
 
@@ -25,6 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from controller import profiles
+from controller.models import RequestPath, RequestRecord
 
 
 @dataclass(frozen=True)
@@ -120,3 +123,76 @@ def breakdown(o: Observation) -> Breakdown:
     q, pf, tr, sc = parts
     # Recompute ttft from the rounded parts so that the invariant holds exactly.
     return Breakdown(q, pf, tr, sc, overhead, q + pf + tr + sc + overhead)
+
+
+@dataclass(frozen=True)
+class KvCosts:
+    """What turns a prompt into KV bytes and a modelled transfer time."""
+
+    model: profiles.ModelProfile
+    block_size: int
+    link: profiles.LinkProfile
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Everything the router measured of one finished request. Times are ``perf_counter``
+    seconds except ``started_at`` (unix time)."""
+
+    rid: str
+    endpoint: str
+    stream: bool
+    path: RequestPath
+    status: str  # "ok" | "error" | "cancelled"
+    error: str | None
+    started_at: float
+    t0: float  # arrival
+    decode_sent: float  # the (last) decode hop went out
+    first_at: float | None  # the first streamed chunk arrived (streaming only)
+    end: float
+    counted_prompt_tokens: int  # the router's own count, when the engine reports no usage
+    response: dict[str, Any] | None  # the final JSON answer, or the stream's last event
+    prefill_instance: str | None  # the prefill that answered (disaggregated path)
+    decode_instance: str | None
+    prefill_times: EngineTimes | None = None
+    prefill_wall_ms: float = 0.0
+    decode_recent_xfer_ms: float = 0.0  # the decode engine's recent mean NIXL transfer time
+    retries: int = 0
+    kv_handle: str | None = None
+
+
+def account(m: Measured, costs: KvCosts) -> RequestRecord:
+    """The request's record: its TTFT parts (``breakdown``), tokens and KV bytes."""
+    response = m.response or {}
+    usage = response.get("usage") or {}
+    decode_times = EngineTimes.parse(response.get("metrics"))
+    prompt_tokens = int(usage.get("prompt_tokens") or m.counted_prompt_tokens)
+    disagg = m.path is RequestPath.DISAGGREGATED
+    # No KV moved when the prefill never answered (cancelled during its hop, say).
+    kv_bytes = (profiles.kv_bytes(costs.model, prompt_tokens, costs.block_size)
+                if disagg and m.prefill_instance is not None else 0)
+    if m.first_at is not None:
+        ttft = (m.first_at - m.t0) * 1e3
+        to_first = (m.first_at - m.decode_sent) * 1e3
+    else:
+        # Non-streaming: the client sees no first token; derive it from when the decode hop
+        # was sent plus the decode engine's own queue + first-token time.
+        engine = (decode_times.queue_ms + decode_times.ttft_ms) if decode_times else 0.0
+        to_first = engine or (m.end - m.decode_sent) * 1e3
+        ttft = (m.decode_sent - m.t0) * 1e3 + to_first
+    transfer_model_ms = (m.decode_recent_xfer_ms if m.decode_recent_xfer_ms > 0
+                         else profiles.transfer_seconds(kv_bytes, costs.link) * 1e3)
+    b = breakdown(Observation(
+        ttft_ms=ttft, disaggregated=disagg, prefill=m.prefill_times,
+        prefill_wall_ms=m.prefill_wall_ms, decode=decode_times,
+        decode_wall_to_first_ms=to_first, transfer_model_ms=transfer_model_ms))
+    return RequestRecord(
+        id=m.rid, started_at=m.started_at, endpoint=m.endpoint, path=m.path, status=m.status,
+        stream=m.stream, prompt_tokens=prompt_tokens,
+        output_tokens=int(usage.get("completion_tokens") or 0),
+        prefill_instance=m.prefill_instance, decode_instance=m.decode_instance,
+        queue_ms=b.queue_ms, prefill_ms=b.prefill_ms, transfer_ms=b.transfer_ms,
+        decode_sched_ms=b.decode_sched_ms, overhead_ms=b.overhead_ms, ttft_ms=b.ttft_ms,
+        itl_ms=decode_times.itl_ms if decode_times else 0.0,
+        e2e_ms=round((m.end - m.t0) * 1e3, 3), kv_bytes=kv_bytes, retries=m.retries,
+        error=m.error, kv_handle=m.kv_handle)

@@ -12,7 +12,8 @@ request against 0.06 ms for this, measured against the same engine. What it does
   to a connection the engine is closing);
 - a reused connection that closes before any byte of the answer is retried once on a new
   one (the engine never saw that request), unless the caller says ``resend=False``;
-- ``connect_timeout_s`` for connecting, ``read_timeout_s`` for each wait on the engine;
+- ``connect_timeout_s`` for connecting, ``read_timeout_s`` for each wait on the engine (a
+  number, or a function read at each request: the routing table's live setting);
 - a response not read to its end (client gone, error) closes its connection, which aborts
   the request on the engine; bodies are buffered up to ``HIGH_WATER`` bytes before reading
   from the engine pauses.
@@ -23,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from functools import lru_cache
 from typing import cast
 from urllib.parse import urlsplit
@@ -200,13 +201,19 @@ class _Response:
 class H1Upstream:
     """``Upstream`` over pooled HTTP/1.1 connections (see the module docstring)."""
 
-    def __init__(self, read_timeout_s: float, connect_timeout_s: float = 5.0,
-                 keepalive_s: float = 2.0, max_idle_per_host: int = 1024) -> None:
-        self.read_timeout_s = read_timeout_s
+    def __init__(self, read_timeout_s: float | Callable[[], float],
+                 connect_timeout_s: float = 5.0, keepalive_s: float = 2.0,
+                 max_idle_per_host: int = 1024) -> None:
+        self._read_timeout = (read_timeout_s if callable(read_timeout_s)
+                              else lambda: read_timeout_s)
         self.connect_timeout_s = connect_timeout_s
         self.keepalive_s = keepalive_s
         self.max_idle = max_idle_per_host
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
+
+    @property
+    def read_timeout_s(self) -> float:
+        return self._read_timeout()
 
     # ---- the pool ---------------------------------------------------------------------
 

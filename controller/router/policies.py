@@ -1,10 +1,11 @@
 """Load-balancing policies, in a registry by name. A policy only chooses among the
-candidates it is given; pool membership lives in the cluster."""
+candidates it is given, with the router's in-flight counts by instance id; pool membership
+lives in the routing table."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from controller.models import Instance
@@ -13,7 +14,8 @@ from controller.models import Instance
 class Policy(Protocol):
     name: str
 
-    def choose(self, candidates: Sequence[Instance]) -> Instance: ...
+    def choose(self, candidates: Sequence[Instance], inflight: Mapping[str, int]
+               ) -> Instance: ...
 
 
 class RoundRobin:
@@ -24,7 +26,8 @@ class RoundRobin:
     def __init__(self) -> None:
         self._counter = itertools.count()
 
-    def choose(self, candidates: Sequence[Instance]) -> Instance:
+    def choose(self, candidates: Sequence[Instance], inflight: Mapping[str, int]
+               ) -> Instance:
         return candidates[next(self._counter) % len(candidates)]
 
 
@@ -36,14 +39,15 @@ class LeastLoaded:
     def __init__(self) -> None:
         self._counter = itertools.count()
 
-    def choose(self, candidates: Sequence[Instance]) -> Instance:
+    def choose(self, candidates: Sequence[Instance], inflight: Mapping[str, int]
+               ) -> Instance:
         offset = next(self._counter)
         n = len(candidates)
         best = candidates[offset % n]
-        best_key = best.inflight + best.waiting
+        best_key = inflight.get(best.id, 0) + best.waiting
         for k in range(1, n):
             inst = candidates[(offset + k) % n]
-            key = inst.inflight + inst.waiting
+            key = inflight.get(inst.id, 0) + inst.waiting
             if key < best_key:
                 best, best_key = inst, key
         return best

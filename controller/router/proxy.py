@@ -1,4 +1,9 @@
-"""The two-hop proxy: parse -> choose decode -> prefill hop -> decode hop (relayed) -> account.
+"""The two-hop proxy: a request's whole life, from its body to its record.
+
+``async with proxy.serve(ctx) as answer`` chooses the decode instance, runs the prefill hop
+(disaggregated path), opens the decode hop and yields the client's ``Answer``; when the block
+ends -- however it ends -- the request is recorded exactly once and every in-flight count it
+took is released. The ASGI layer (``controller.api.data``) only moves bytes.
 
 The disaggregated flow is the one vLLM's NixlConnector expects: the prefill instance gets the
 request with ``max_tokens=1``, ``stream=false`` and ``kv_transfer_params.do_remote_decode``;
@@ -28,107 +33,39 @@ The rules that keep vLLM's KV contract (docs/routing-and-accounting.md):
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine
+from types import TracebackType
 from typing import Any
 
 import orjson
 
 from controller import profiles
-from controller.cluster import Cluster
-from controller.errors import (
-    BadRequest,
-    NoInstanceAvailable,
-    RoutingError,
-    UpstreamUnreachable,
-)
+from controller.config import Settings
+from controller.errors import BadRequest, NoInstanceAvailable, RoutingError, UpstreamUnreachable
 from controller.metrics import Metrics
 from controller.models import Instance, RequestPath, RequestRecord, Role
 from controller.requests_log import RequestLog
-from controller.router.accounting import EngineTimes, Observation, breakdown
+from controller.router.accounting import EngineTimes, KvCosts, Measured, account
+from controller.router.answer import Answer, Buffered, Prefetched, internal_error
+from controller.router.bodies import (
+    decode_body,
+    parse_body,
+    prefill_answer,
+    prefill_body,
+    release_body,
+)
+from controller.router.request import Ctx, PrefillDone, new_request_id
+from controller.router.table import Lease, RoutingTable
 from controller.router.upstream import Reply, Stream, Upstream, UpstreamError
 from controller.tokens import TokenCounter
 
 log = logging.getLogger("pdctl.router")
 
-NULL_KV_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False,
-                  "remote_engine_id": None, "remote_block_ids": None,
-                  "remote_host": None, "remote_port": None}
-TAIL_BYTES = 16384
 RETRY_PAUSE_S = 0.5  # times the attempt number, before retrying decode instances that failed
 MAX_REACHED_FAILURES = 2  # failed attempts per request that may have reached an engine
 RELEASE_PATH = "/v1/completions"
-
-
-@dataclass
-class Ctx:
-    """Everything known about one client request while it is served."""
-
-    rid: str
-    endpoint: str
-    body: dict[str, Any]
-    stream: bool
-    prompt_tokens: int
-    t0: float  # perf_counter at arrival
-    started_at: float  # unix time at arrival
-    path: RequestPath = RequestPath.COLOCATED
-    prefill: Instance | None = None
-    prefill_times: EngineTimes | None = None
-    prefill_wall_ms: float = 0.0
-    decode: Instance | None = None
-    decode_sent: float = 0.0
-    decode_open: bool = False  # ``decode`` counts this request in its inflight
-    kv_handle: str | None = None  # the prefill's request id, once a decode hop carried it
-    first_at: float | None = None
-    routed: bool = False  # the first hop has been sent (routing decision observed)
-    finished: bool = False  # recorded by ``finish``
-    retries: int = 0
-    reached_failures: int = 0  # failed attempts that may have reached an engine
-    failed_decodes: set[str] = field(default_factory=set)  # failed after reaching them
-    errors: list[str] = field(default_factory=list)
-    strip_usage: bool = False  # the router asked for a usage chunk the client did not
-
-
-_ID_PREFIX = f"pdctl-{os.urandom(6).hex()}-"
-_ID_SEQ = itertools.count(1)
-
-
-def new_request_id() -> str:
-    """Unique per controller run (random prefix) and cheap: one per client request."""
-    return f"{_ID_PREFIX}{next(_ID_SEQ)}"
-
-
-@dataclass
-class PrefillDone:
-    instance: Instance
-    kv_params: dict[str, Any]
-    answered_at: float  # router clock when the answer arrived: the lease runs from about then
-
-    @property
-    def handle(self) -> str | None:
-        rid = self.kv_params.get("remote_request_id")
-        return rid if isinstance(rid, str) else None
-
-
-class Buffered:
-    """A whole answer read inside its attempt (``Stream`` over bytes already here): a failure
-    while reading it was still retryable, because nothing had reached the client."""
-
-    def __init__(self, status: int, content_type: str, body: bytes) -> None:
-        self.status, self.content_type, self._body = status, content_type, body
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        yield self._body
-
-    async def read(self) -> bytes:
-        return self._body
-
-    def close(self) -> None:
-        pass
 
 
 class AttemptFailed(Exception):
@@ -141,119 +78,60 @@ class AttemptFailed(Exception):
         self.stuck = stuck
 
 
-class Prefetched:
-    """A ``Stream`` whose first chunk was read already (within its attempt)."""
+class Serving:
+    """``Proxy.serve``: the answer on entry; on exit the record and the releases, once."""
 
-    def __init__(self, resp: Stream, first: bytes, rest: AsyncIterator[bytes]) -> None:
-        self.status, self.content_type = resp.status, resp.content_type
-        self._resp, self._first, self._rest = resp, first, rest
+    __slots__ = ("_proxy", "_ctx", "_answer")
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        if self._first:
-            yield self._first
-        async for chunk in self._rest:
-            yield chunk
+    def __init__(self, proxy: Proxy, ctx: Ctx) -> None:
+        self._proxy, self._ctx = proxy, ctx
+        self._answer: Answer | None = None
 
-    async def read(self) -> bytes:
-        return b"".join([c async for c in self.chunks()])
+    async def __aenter__(self) -> Answer:
+        try:
+            self._answer = await self._proxy.answer(self._ctx)
+        except BaseException as exc:  # cancelled while routing: recorded, then re-raised
+            self._end(exc)
+            raise
+        return self._answer
 
-    def close(self) -> None:
-        self._resp.close()
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self._end(exc)
 
-
-def parse_body(raw: bytes) -> dict[str, Any]:
-    try:
-        body = orjson.loads(raw)
-    except ValueError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
-    return body
-
-
-def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
-    out = dict(body)
-    out["stream"] = False
-    out.pop("stream_options", None)
-    out["max_tokens"] = 1
-    if "max_completion_tokens" in out:
-        out["max_completion_tokens"] = 1
-    out["kv_transfer_params"] = dict(NULL_KV_PARAMS)
-    return out
-
-
-def decode_body(body: dict[str, Any], kv_params: dict[str, Any] | None) -> tuple[dict[str, Any],
-                                                                                bool]:
-    """The decode hop's body, and whether the router added a usage chunk to a stream.
-
-    A streaming hop always asks for ``include_usage``: vLLM puts the request's usage and
-    per-request ``metrics`` in that final chunk, which accounting needs. When the client did
-    not ask for it, the relay drops that chunk again.
-    """
-    out = body if kv_params is None else {**body, "kv_transfer_params": kv_params}
-    if not body.get("stream"):
-        return out, False
-    opts = body.get("stream_options")
-    if isinstance(opts, dict) and opts.get("include_usage"):
-        return out, False
-    extra = opts if isinstance(opts, dict) else {}
-    return {**out, "stream_options": {**extra, "include_usage": True}}, True
-
-
-def release_body(model: str, kv_params: dict[str, Any]) -> dict[str, Any]:
-    """A decode-engine request that carries a KV handle and that vLLM's serving layer rejects
-    (``max_tokens`` below 1): vLLM then tells the prefill engine to free the handle's blocks
-    (``notify_kv_transfer_request_rejected``), reading nothing."""
-    return {"model": model, "prompt": [0], "max_tokens": -1, "stream": False,
-            "kv_transfer_params": kv_params}
-
-
-def prefill_answer(reply: Reply) -> dict[str, Any] | None:
-    """A successful prefill answer, parsed, when it carries ``kv_transfer_params`` (a dict);
-    else None."""
-    if reply.status != 200:
-        return None
-    try:
-        data = orjson.loads(reply.body)
-    except ValueError:
-        return None
-    ok = isinstance(data, dict) and isinstance(data.get("kv_transfer_params"), dict)
-    return data if ok else None
-
-
-EMPTY_CHOICES, EMPTY_CHOICES_SPACED = b'"choices":[]', b'"choices": []'
-
-
-def _empty_choices(event: bytes) -> bool:
-    return EMPTY_CHOICES in event or EMPTY_CHOICES_SPACED in event
-
-
-def _usage_only(event: bytes) -> bool:
-    return b'"usage"' in event and _empty_choices(event)
-
-
-def strip_usage_event(chunk: bytes) -> bytes:
-    """Drop the usage-only SSE event (empty ``choices``) from a relayed chunk."""
-    if not _empty_choices(chunk):
-        return chunk
-    return b"\n\n".join(e for e in chunk.split(b"\n\n") if not _usage_only(e))
+    def _end(self, exc: BaseException | None) -> None:
+        ctx, answer = self._ctx, self._answer
+        if answer is None:
+            status, response = "cancelled", None
+            error = "client disconnected" if isinstance(exc, asyncio.CancelledError) else (
+                internal_error(exc) if exc is not None else None)
+            if exc is not None and not isinstance(exc, asyncio.CancelledError):
+                status = "error"
+        else:
+            answer.close()
+            status, response, error = answer.result(exc)
+            if status == "cancelled" and error is None:
+                error = "client disconnected"
+        if ctx.decode_lease is not None:
+            ctx.decode_lease.release()
+        self._proxy.record(ctx, status, response, error)
 
 
 class Proxy:
-    def __init__(self, cluster: Cluster, upstream: Upstream, counter: TokenCounter,
-                 requests: RequestLog, metrics: Metrics,
+    def __init__(self, settings: Settings, table: RoutingTable, upstream: Upstream,
+                 counter: TokenCounter, requests: RequestLog, metrics: Metrics,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.cluster = cluster
+        self.table = table
         self.upstream = upstream
         self.counter = counter
         self.requests = requests
         self.metrics = metrics
         self.clock = clock
-        s = cluster.settings
-        self._link = profiles.link(s.hardware.kv_link)
-        self._block = s.kv_block_size
-        self._late_s = s.kv.lease_s * s.kv.late_hop_share
-        self._model = s.model.public_name
+        self._costs = KvCosts(settings.model_profile, settings.kv_block_size,
+                              profiles.link(settings.hardware.kv_link))
+        self._lease_s = settings.kv.lease_s
+        self._late_s = settings.kv.lease_s * settings.kv.late_hop_share
+        self._model = settings.model.public_name
         self._background: set[asyncio.Task[None]] = set()
 
     # ---- entry -----------------------------------------------------------------------
@@ -269,19 +147,41 @@ class Proxy:
                    stream=bool(body.get("stream")), prompt_tokens=self.counter.count(body),
                    t0=t0, started_at=started_at)
 
+    def serve(self, ctx: Ctx) -> Serving:
+        """``async with proxy.serve(ctx) as answer``: the client's answer (an error answer
+        when the request cannot be served); recorded and released when the block ends."""
+        return Serving(self, ctx)
+
+    async def answer(self, ctx: Ctx) -> Answer:
+        """Route the request and read the decode hop's first chunk (or whole answer)."""
+        try:
+            resp = await self.open(ctx)
+        except RoutingError as exc:
+            return Answer.failure(exc)
+        except Exception as exc:
+            # A bug, not an engine's failure: the client still gets an answer.
+            log.exception("%s: unexpected error", ctx.rid)
+            return Answer.failure(RuntimeError(internal_error(exc)))
+        if ctx.stream and resp.status == 200:
+            return Answer(200, "text/event-stream", None, ctx=ctx, resp=resp)
+        try:
+            content = await resp.read()
+        except UpstreamError as exc:
+            return Answer.failure(
+                UpstreamUnreachable(f"decode instance failed before answering: {exc}"))
+        finally:
+            resp.close()
+        return Answer(resp.status, resp.content_type, content)
+
     async def open(self, ctx: Ctx) -> Stream:
         """Choose the decode instance, run the prefill hop (disaggregated path) and open the
-        decode hop.
-
-        Returns the decode engine's answer: a live stream (streaming, status 200) or the
-        whole answer; the caller relays it, closes it and then calls ``finish``.
-        """
-        first = self.cluster.pick(Role.DECODE, set())
+        decode hop: a live stream (streaming, status 200) or the whole answer."""
+        first = self.table.pick(Role.DECODE, set())
         if first is None:
             raise NoInstanceAvailable("no ready decode instance")
         self._assign_decode(ctx, first)
-        threshold = self.cluster.routing.disagg_min_prompt_tokens
-        if ctx.prompt_tokens >= threshold and self.cluster.ready(Role.PREFILL):
+        threshold = self.table.settings.disagg_min_prompt_tokens
+        if ctx.prompt_tokens >= threshold and self.table.ready(Role.PREFILL):
             ctx.path = RequestPath.DISAGGREGATED  # also when cancelled during the prefill hop
             done = await self._prefill(ctx)
             if done is not None:
@@ -313,20 +213,20 @@ class Proxy:
         return now
 
     def _assign_decode(self, ctx: Ctx, inst: Instance) -> None:
-        """Make ``inst`` the request's decode instance, counted in its inflight from now on
-        (a draining instance waits for it)."""
-        if ctx.decode is inst and ctx.decode_open:
-            return
-        if ctx.decode is not None and ctx.decode_open:
-            ctx.decode.inflight -= 1
-        inst.inflight += 1
-        ctx.decode, ctx.decode_open = inst, True
+        """Make ``inst`` the request's decode instance, counted in its in-flight requests
+        from now on (a draining instance waits for it)."""
+        lease = ctx.decode_lease
+        if lease is not None:
+            if lease.instance is inst and lease.held:
+                return
+            lease.release()
+        ctx.decode, ctx.decode_lease = inst, self.table.lease(inst)
 
     async def _prefill(self, ctx: Ctx) -> PrefillDone | None:
         payload = orjson.dumps(prefill_body(ctx.body))
         tried: set[str] = set()
-        for _ in range(self.cluster.routing.max_attempts):
-            inst = self.cluster.pick(Role.PREFILL, tried)
+        for _ in range(self.table.settings.max_attempts):
+            inst = self.table.pick(Role.PREFILL, tried)
             if inst is None:
                 break
             tried.add(inst.id)
@@ -352,33 +252,31 @@ class Proxy:
         """POST the prefill hop. If the client leaves meanwhile, the hop is left to finish and
         whatever KV it holds is released: aborting it instead would race with its end, and an
         answer lost in that race leaves its blocks held for the whole lease."""
-        inst.inflight += 1
+        lease: Lease | None = self.table.lease(inst)
         hop = asyncio.ensure_future(
             self.upstream.post(f"{inst.url}{ctx.endpoint}", payload, self._headers(ctx)))
         try:
-            reply = await asyncio.shield(hop)
+            return await asyncio.shield(hop)
         except asyncio.CancelledError:
-            # ``_release_after`` ends the hop's inflight count when the hop is over.
-            self._spawn(self._release_after(hop, inst, ctx.decode, ctx.rid))
+            # The lease goes with the hop: ``_release_after`` ends it when the hop is over.
+            assert lease is not None
+            self._spawn(self._release_after(hop, lease, ctx.decode, ctx.rid))
+            lease = None
             raise
         except UpstreamError as exc:
-            inst.inflight -= 1
             self._unreachable(ctx, inst, exc)
             return None
-        except BaseException:
-            inst.inflight -= 1
-            raise
-        inst.inflight -= 1
-        return reply
-
-    async def _release_after(self, hop: asyncio.Future[Reply], prefill: Instance,
-                             decode: Instance | None, rid: str) -> None:
-        try:
-            reply = await hop
-        except (UpstreamError, asyncio.CancelledError):
-            return  # no answer: the engine aborted the request or failed; nothing is held
         finally:
-            prefill.inflight -= 1
+            if lease is not None:
+                lease.release()
+
+    async def _release_after(self, hop: asyncio.Future[Reply], lease: Lease,
+                             decode: Instance | None, rid: str) -> None:
+        with lease:
+            try:
+                reply = await hop
+            except (UpstreamError, asyncio.CancelledError):
+                return  # no answer: the engine aborted the request or failed; nothing held
         data = prefill_answer(reply)
         if data is not None:
             await self._release(data["kv_transfer_params"], decode, "client_gone", rid)
@@ -390,12 +288,11 @@ class Proxy:
         payload = orjson.dumps(body)
         tried: set[str] = set()
         inst: Instance | None = ctx.decode
-        while inst is not None and len(tried) < self.cluster.routing.max_attempts:
+        while inst is not None and len(tried) < self.table.settings.max_attempts:
             late = self.clock() - done.answered_at
             if late > self._late_s:
                 ctx.errors.append(f"decode hop {late:.1f} s after the prefill answered (limit "
-                                  f"{self._late_s:g} s of a {self.cluster.settings.kv.lease_s} s "
-                                  "lease)")
+                                  f"{self._late_s:g} s of a {self._lease_s} s lease)")
                 self._spawn(self._release(done.kv_params, inst, "late", ctx.rid))
                 return None
             self._assign_decode(ctx, inst)
@@ -412,7 +309,7 @@ class Proxy:
             else:
                 ctx.kv_handle = done.handle
                 return resp
-            inst = self.cluster.pick(Role.DECODE, tried)
+            inst = self.table.pick(Role.DECODE, tried)
         self._spawn(self._release(done.kv_params, ctx.decode, "decode_unavailable", ctx.rid))
         return None
 
@@ -421,7 +318,7 @@ class Proxy:
         payload = orjson.dumps(body)
         tried: set[str] = set()
         inst: Instance | None = ctx.decode
-        for attempt in range(self.cluster.routing.max_attempts):
+        for attempt in range(self.table.settings.max_attempts):
             if inst is None or inst.id in tried or inst.id in ctx.failed_decodes:
                 inst = self._pick_colocated(tried | ctx.failed_decodes, tried)
             if inst is None and tried:
@@ -449,7 +346,7 @@ class Proxy:
         """A decode instance for a colocated attempt: one that has not failed this request
         if there is one, else (a single-instance pool, say) one that did but is not yet
         tried again in this round; engines that died refuse the connection."""
-        return self.cluster.pick(Role.DECODE, avoid) or self.cluster.pick(Role.DECODE, tried)
+        return self.table.pick(Role.DECODE, avoid) or self.table.pick(Role.DECODE, tried)
 
     async def _attempt(self, ctx: Ctx, inst: Instance, payload: bytes, resend: bool,
                        first_by: float | None = None) -> Stream:
@@ -520,7 +417,7 @@ class Proxy:
     def _unreachable(self, ctx: Ctx, inst: Instance, exc: Exception) -> None:
         msg = f"{inst.id} unreachable: {exc}"
         ctx.errors.append(msg)
-        self.cluster.report_unreachable(inst, msg)
+        self.table.report_unreachable(inst, msg)
 
     # ---- releasing KV that will not be read ------------------------------------------
 
@@ -533,7 +430,7 @@ class Proxy:
                        rid: str) -> None:
         """Have a decode engine tell the prefill to free a handle's blocks; counted."""
         inst = hint if hint is not None and not hint.state.terminal else None
-        inst = inst or self.cluster.pick(Role.DECODE, set())
+        inst = inst or self.table.pick(Role.DECODE, set())
         outcome = "failed"
         if inst is not None:
             payload = orjson.dumps(release_body(self._model, kv))
@@ -551,88 +448,21 @@ class Proxy:
 
     # ---- accounting --------------------------------------------------------------------
 
-    def finish(self, ctx: Ctx, status: str, response: dict[str, Any] | None,
+    def record(self, ctx: Ctx, status: str, response: dict[str, Any] | None,
                error: str | None = None) -> RequestRecord:
-        """Record the request; ``response`` is the final JSON (or last stream event)."""
-        now = time.perf_counter()
-        ctx.finished = True
-        if ctx.decode is not None and ctx.decode_open:
-            ctx.decode.inflight -= 1
-            ctx.decode_open = False
-        usage = (response or {}).get("usage") or {}
-        decode_times = EngineTimes.parse((response or {}).get("metrics"))
-        prompt_tokens = int(usage.get("prompt_tokens") or ctx.prompt_tokens)
-        disagg = ctx.path is RequestPath.DISAGGREGATED
-        kv_bytes = (profiles.kv_bytes(self.cluster.model, prompt_tokens, self._block)
-                    if disagg and ctx.prefill is not None else 0)  # none if prefill never ended
-        if ctx.first_at is not None:
-            ttft = (ctx.first_at - ctx.t0) * 1e3
-            to_first = (ctx.first_at - ctx.decode_sent) * 1e3
-        else:
-            # Non-streaming: the client sees no first token; derive it from when the decode
-            # hop was sent plus the decode engine's own queue + first-token time.
-            engine = (decode_times.queue_ms + decode_times.ttft_ms) if decode_times else 0.0
-            to_first = engine or (now - ctx.decode_sent) * 1e3
-            ttft = (ctx.decode_sent - ctx.t0) * 1e3 + to_first
-        b = breakdown(Observation(
-            ttft_ms=ttft, disaggregated=disagg, prefill=ctx.prefill_times,
-            prefill_wall_ms=ctx.prefill_wall_ms, decode=decode_times,
-            decode_wall_to_first_ms=to_first,
-            transfer_model_ms=self._transfer_estimate_ms(ctx, kv_bytes),
-        ))
-        rec = RequestRecord(
-            id=ctx.rid, started_at=ctx.started_at, endpoint=ctx.endpoint, path=ctx.path,
-            status=status, stream=ctx.stream, prompt_tokens=prompt_tokens,
-            output_tokens=int(usage.get("completion_tokens") or 0),
+        """Account and keep the finished request; ``response`` is the final JSON (or the
+        stream's last event). ``Serving`` calls it once per request."""
+        decode = ctx.decode
+        rec = account(Measured(
+            rid=ctx.rid, endpoint=ctx.endpoint, stream=ctx.stream, path=ctx.path,
+            status=status, error=error, started_at=ctx.started_at, t0=ctx.t0,
+            decode_sent=ctx.decode_sent, first_at=ctx.first_at, end=time.perf_counter(),
+            counted_prompt_tokens=ctx.prompt_tokens, response=response,
             prefill_instance=ctx.prefill.id if ctx.prefill else None,
-            decode_instance=ctx.decode.id if ctx.decode else None,
-            queue_ms=b.queue_ms, prefill_ms=b.prefill_ms, transfer_ms=b.transfer_ms,
-            decode_sched_ms=b.decode_sched_ms, overhead_ms=b.overhead_ms, ttft_ms=b.ttft_ms,
-            itl_ms=decode_times.itl_ms if decode_times else 0.0,
-            e2e_ms=round((now - ctx.t0) * 1e3, 3), kv_bytes=kv_bytes, retries=ctx.retries,
-            error=error, kv_handle=ctx.kv_handle,
-        )
+            decode_instance=decode.id if decode else None, prefill_times=ctx.prefill_times,
+            prefill_wall_ms=ctx.prefill_wall_ms,
+            decode_recent_xfer_ms=decode.recent_xfer_ms if decode else 0.0,
+            retries=ctx.retries, kv_handle=ctx.kv_handle), self._costs)
         self.requests.add(rec)
         self.metrics.observe(rec)
         return rec
-
-    def _transfer_estimate_ms(self, ctx: Ctx, kv_bytes: int) -> float:
-        """The decode instance's recent mean NIXL transfer time when it reports NIXL
-        metrics, else the modelled time of ``kv_bytes`` over the configured link."""
-        if ctx.decode is not None and ctx.decode.recent_xfer_ms > 0:
-            return ctx.decode.recent_xfer_ms
-        return profiles.transfer_seconds(kv_bytes, self._link) * 1e3
-
-    def fail(self, ctx: Ctx, exc: RoutingError | Exception) -> RequestRecord:
-        """Record a request that failed (a client that left is recorded by ``finish``)."""
-        return self.finish(ctx, "error", None, error=str(exc) or type(exc).__name__)
-
-
-def last_event(tail: bytes) -> dict[str, Any] | None:
-    """The last JSON ``data:`` event of an SSE stream tail that carries usage or metrics,
-    else the last JSON event."""
-    found: dict[str, Any] | None = None
-    for line in reversed(tail.split(b"\n")):
-        line = line.strip()
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]" or not data.startswith(b"{"):
-            continue
-        try:
-            event = orjson.loads(data)
-        except ValueError:
-            continue
-        if not isinstance(event, dict):
-            continue
-        if found is None:
-            found = event
-        if "metrics" in event or "usage" in event and event["usage"]:
-            merged = dict(event)
-            for key in ("usage", "metrics"):
-                if not merged.get(key) and found.get(key):
-                    merged[key] = found[key]
-            if merged.get("metrics") and merged.get("usage"):
-                return merged
-            found = merged
-    return found

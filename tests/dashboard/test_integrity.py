@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from controller.cluster import Quarantine as ControllerQuarantine
+from controller.fleet.guard import Quarantine as ControllerQuarantine
 from controller.models import Role
 from dashboard import integrity
 from dashboard.integrity import KvIntegrity, Quarantine

@@ -1,5 +1,5 @@
 """A scriptable ``Upstream`` for router tests: per-instance behaviour, every delivered request
-recorded with its body, and the proxy wired to a cluster of ready fake instances."""
+recorded with its body, and the proxy wired to a routing table of ready fake instances."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ from typing import Any
 
 import httpx
 
-from controller.cluster import Cluster
 from controller.config import load_settings
 from controller.metrics import Metrics
-from controller.models import Instance, InstanceState, Role
+from controller.models import Instance, InstanceState, RequestRecord, Role
 from controller.requests_log import RequestLog
 from controller.router.proxy import Proxy
+from controller.router.request import Ctx
+from controller.router.table import RoutingTable
 from controller.router.upstream import Reply, UpstreamError
 from controller.store import Store
 from controller.tokens import EstimatingCounter
-from tests.unit.test_cluster import FakeLauncher
 
 KV = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "p-engine",
       "remote_request_id": "handle-1", "remote_block_ids": [[1, 2]],
@@ -143,21 +143,61 @@ class Clock:
         return self.t
 
 
-def make_proxy(tmp_path: Path, engines: FakeEngines, prefill: int = 1, decode: int = 2,
-               clock: Clock | None = None, **settings: Any) -> tuple[Proxy, Cluster]:
+def make_table(tmp_path: Path, prefill: int = 1, decode: int = 2, clock: Clock | None = None,
+               **settings: Any) -> tuple[Any, RoutingTable]:
+    """Settings and a routing table whose pools are ``prefill``/``decode`` ready instances
+    (``prefill-1``..., ``decode-1``...) at ``http://<id>``."""
     routing = {"disagg_min_prompt_tokens": 4, "decode_policy": "round_robin",
                **settings.pop("routing", {})}
     s = load_settings(None, controller={"state_dir": tmp_path}, routing=routing, **settings)
-    cluster = Cluster(s, Store(tmp_path / "s.db"), FakeLauncher(), httpx.AsyncClient())
+    table = RoutingTable(s.routing, Store(tmp_path / "s.db"), clock or Clock())
     for role, n in ((Role.PREFILL, prefill), (Role.DECODE, decode)):
-        for k in range(1, n + 1):
-            iid = f"{role.value}-{k}"
-            cluster.instances[iid] = Instance(iid, role, 1, f"http://{iid}",
-                                              state=InstanceState.READY)
-    cluster._refresh_membership()
-    proxy = Proxy(cluster, engines, EstimatingCounter(), RequestLog(100), Metrics(),
-                  clock=clock or Clock())
-    return proxy, cluster
+        table.set_members(role, [Instance(f"{role.value}-{k}", role, 1,
+                                          f"http://{role.value}-{k}", state=InstanceState.READY)
+                                 for k in range(1, n + 1)])
+    return s, table
+
+
+def make_proxy(tmp_path: Path, engines: Any, prefill: int = 1, decode: int = 2,
+               clock: Clock | None = None, **settings: Any) -> tuple[Proxy, RoutingTable]:
+    clock = clock or Clock()
+    s, table = make_table(tmp_path, prefill, decode, clock, **settings)
+    proxy = Proxy(s, table, engines, EstimatingCounter(), RequestLog(100), Metrics(),
+                  clock=clock)
+    return proxy, table
+
+
+def idle(table: RoutingTable) -> bool:
+    """No instance counts a request in flight."""
+    return all(table.inflight(i.id) == 0 for r in Role for i in table.ready(r))
+
+
+@dataclass
+class Served:
+    """One request served through ``Proxy.serve`` as the data plane would: what the client
+    got, and the record."""
+
+    status: int
+    body: bytes
+    ctx: Ctx
+    record: RequestRecord
+
+
+async def serve(proxy: Proxy, raw: bytes, endpoint: str = "/v1/completions") -> Served:
+    ctx = proxy.new_ctx(endpoint, raw, None)
+    out: list[bytes] = []
+
+    async def write(chunk: bytes, more: bool) -> None:
+        out.append(chunk)
+
+    async with proxy.serve(ctx) as answer:
+        if answer.body is not None:
+            out.append(answer.body)
+        else:
+            await answer.relay(write)
+    [rec] = proxy.requests.recent(1)
+    assert rec.id == ctx.rid
+    return Served(answer.status, b"".join(out), ctx, rec)
 
 
 async def settle(proxy: Proxy) -> None:

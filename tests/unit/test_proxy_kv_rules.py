@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from controller.errors import NoInstanceAvailable, UpstreamUnreachable
 from controller.models import RequestPath
 from controller.router.proxy import Proxy
 from tests.unit.fake_engines import (
@@ -21,23 +20,23 @@ from tests.unit.fake_engines import (
     FakeEngines,
     answers_503,
     died,
+    idle,
     make_proxy,
     prefill_ok,
     refused,
+    serve,
     settle,
 )
 
 LONG = b'{"prompt": "a prompt long enough to go disaggregated", "max_tokens": 2}'
+LONG_STREAM = (b'{"prompt": "a prompt long enough to go disaggregated", "max_tokens": 2, '
+               b'"stream": true}')
 
 
-async def serve(proxy: Proxy, raw: bytes = LONG) -> tuple[int, RequestPath]:
-    ctx = proxy.new_ctx("/v1/completions", raw, None)
-    resp = await proxy.open(ctx)
-    body = await resp.read()
-    resp.close()
-    proxy.finish(ctx, "ok" if resp.status == 200 else "error", None)
-    assert body
-    return resp.status, ctx.path
+async def status_path(proxy: Proxy, raw: bytes = LONG) -> tuple[int, RequestPath]:
+    served = await serve(proxy, raw)
+    assert served.body
+    return served.status, served.ctx.path
 
 
 def releases(metric_proxy: Proxy, reason: str, result: str = "ok") -> float:
@@ -47,30 +46,30 @@ def releases(metric_proxy: Proxy, reason: str, result: str = "ok") -> float:
 async def test_no_ready_decode_means_503_and_no_prefill_hop(tmp_path: Path) -> None:
     engines = FakeEngines()
     proxy, _ = make_proxy(tmp_path, engines, decode=0)
-    ctx = proxy.new_ctx("/v1/completions", LONG, None)
-    with pytest.raises(NoInstanceAvailable):
-        await proxy.open(ctx)
+    served = await serve(proxy, LONG)
+    assert served.status == 503 and b"no ready decode instance" in served.body
+    assert served.record.status == "error"
     assert engines.attempts == []  # the prefill was never asked to hold blocks for nobody
 
 
 async def test_handshake_goes_to_the_decode_chosen_first_and_exactly_once(tmp_path: Path
                                                                           ) -> None:
     engines = FakeEngines()
-    proxy, cluster = make_proxy(tmp_path, engines)
-    status, path = await serve(proxy)
+    proxy, table = make_proxy(tmp_path, engines)
+    status, path = await status_path(proxy)
     assert (status, path) == (200, RequestPath.DISAGGREGATED)
     [hop] = engines.kv_deliveries()
     assert hop.kv == KV and hop.resend is False  # not even the HTTP client may re-send it
     assert [c.host for c in engines.calls] == ["prefill-1", hop.host]
-    assert all(i.inflight == 0 for i in cluster.instances.values())
+    assert idle(table)
 
 
 @pytest.mark.parametrize("failure", [died, answers_503])
 async def test_a_failed_decode_hop_is_retried_colocated_never_with_the_same_handle(
         tmp_path: Path, failure: object) -> None:
     engines = FakeEngines({"decode-1": failure})  # type: ignore[dict-item]
-    proxy, cluster = make_proxy(tmp_path, engines)
-    status, path = await serve(proxy)
+    proxy, table = make_proxy(tmp_path, engines)
+    status, path = await status_path(proxy)
     await settle(proxy)
     assert (status, path) == (200, RequestPath.COLOCATED)
     assert [c.host for c in engines.kv_deliveries()] == ["decode-1"]
@@ -80,14 +79,14 @@ async def test_a_failed_decode_hop_is_retried_colocated_never_with_the_same_hand
     assert rec.kv_handle == "handle-1" and rec.prefill_instance == "prefill-1"
     assert rec.kv_bytes == 0 and rec.retries == 1
     assert releases(proxy, "decode_unavailable") == 0  # the engine may be reading it: no release
-    assert all(i.inflight == 0 for i in cluster.instances.values())
+    assert idle(table)
 
 
 async def test_an_unreachable_decode_never_received_the_handle_so_another_may(tmp_path: Path
                                                                               ) -> None:
     engines = FakeEngines({"decode-1": refused})
     proxy, _ = make_proxy(tmp_path, engines)
-    status, path = await serve(proxy)
+    status, path = await status_path(proxy)
     assert (status, path) == (200, RequestPath.DISAGGREGATED)
     assert [c.host for c in engines.kv_deliveries()] == ["decode-2"]
 
@@ -97,9 +96,8 @@ async def test_a_handle_no_decode_could_take_is_released_and_the_request_fails_c
     engines = FakeEngines({"decode-1": refused, "decode-2": refused})
     proxy, _ = make_proxy(tmp_path, engines, routing={"max_attempts": 2,
                                                       "disagg_min_prompt_tokens": 4})
-    ctx = proxy.new_ctx("/v1/completions", LONG, None)
-    with pytest.raises(UpstreamUnreachable):
-        await proxy.open(ctx)
+    served = await serve(proxy, LONG)
+    assert served.status == 502 and served.record.error
     await settle(proxy)
     assert engines.kv_deliveries() == []
     assert releases(proxy, "decode_unavailable", "failed") == 1  # no engine to release through
@@ -115,7 +113,7 @@ async def test_a_late_decode_hop_goes_colocated_and_the_handle_is_released(tmp_p
 
     engines = FakeEngines({"decode-1": connect_timeout})
     proxy, _ = make_proxy(tmp_path, engines, clock=clock)
-    status, path = await serve(proxy)
+    status, path = await status_path(proxy)
     await settle(proxy)
     assert (status, path) == (200, RequestPath.COLOCATED)
     [release] = engines.kv_deliveries()
@@ -134,7 +132,7 @@ async def test_in_time_hop_is_not_late(tmp_path: Path) -> None:
 
     engines = FakeEngines({"prefill-1": prefill_14s})
     proxy, _ = make_proxy(tmp_path, engines, clock=clock)
-    assert await serve(proxy) == (200, RequestPath.DISAGGREGATED)
+    assert await status_path(proxy) == (200, RequestPath.DISAGGREGATED)
 
 
 async def test_a_client_gone_during_the_prefill_hop_gets_its_blocks_released(tmp_path: Path
@@ -146,43 +144,42 @@ async def test_a_client_gone_during_the_prefill_hop_gets_its_blocks_released(tmp
         return await prefill_ok(call)
 
     engines = FakeEngines({"prefill-1": gated_prefill})
-    proxy, cluster = make_proxy(tmp_path, engines)
-    ctx = proxy.new_ctx("/v1/completions", LONG, None)
-    task = asyncio.create_task(proxy.open(ctx))
+    proxy, table = make_proxy(tmp_path, engines)
+    task = asyncio.create_task(serve(proxy, LONG))
     await asyncio.sleep(0.02)
     task.cancel()  # the client left while the prefill was computing
     with pytest.raises(asyncio.CancelledError):
         await task
-    rec = proxy.finish(ctx, "cancelled", None, "client disconnected")
+    [rec] = proxy.requests.recent(1)  # recorded once, as cancelled
+    assert rec.status == "cancelled" and rec.error == "client disconnected"
     assert rec.path is RequestPath.DISAGGREGATED and rec.kv_bytes == 0
-    assert cluster.instances["prefill-1"].inflight == 1  # the hop is still running
+    assert table.inflight("prefill-1") == 1  # the hop is still running
+    assert table.inflight("decode-1") == 0  # the decode lease ended with the request
     gate.set()
     await settle(proxy)
     [release] = engines.kv_deliveries()
     assert release.is_release and release.kv == KV
     assert releases(proxy, "client_gone") == 1
-    assert all(i.inflight == 0 for i in cluster.instances.values())
+    assert idle(table)
 
 
 async def test_at_most_two_attempts_that_reach_an_engine(tmp_path: Path) -> None:
     """A request that kills decode engines cannot walk the whole pool."""
     engines = FakeEngines({"decode-1": died, "decode-2": died, "decode-3": died})
-    proxy, cluster = make_proxy(tmp_path, engines, decode=3, routing={
+    proxy, table = make_proxy(tmp_path, engines, decode=3, routing={
         "max_attempts": 5, "disagg_min_prompt_tokens": 4, "decode_policy": "round_robin"})
-    ctx = proxy.new_ctx("/v1/completions", LONG, None)
-    with pytest.raises(UpstreamUnreachable):
-        await proxy.open(ctx)
+    served = await serve(proxy, LONG)
+    assert served.status == 502
     reached = [c for c in engines.calls if c.host.startswith("decode") and not c.is_release]
     assert len(reached) == 2 and len({c.host for c in reached}) == 2
     assert reached[0].kv is not None and reached[1].kv is None
-    proxy.fail(ctx, UpstreamUnreachable("x"))
-    assert all(i.inflight == 0 for i in cluster.instances.values())
+    assert served.record.status == "error" and idle(table)
 
 
 async def test_colocated_request_is_retried_once_after_its_engine_died(tmp_path: Path) -> None:
     engines = FakeEngines({"decode-1": died})
     proxy, _ = make_proxy(tmp_path, engines, prefill=0)
-    status, path = await serve(proxy, b'{"prompt": "hi", "max_tokens": 2}')
+    status, path = await status_path(proxy, b'{"prompt": "hi", "max_tokens": 2}')
     assert (status, path) == (200, RequestPath.COLOCATED)
     assert [c.host for c in engines.calls] == ["decode-1", "decode-2"]
 
@@ -194,7 +191,7 @@ async def test_client_errors_from_the_decode_engine_are_passed_on_not_retried(tm
 
     engines = FakeEngines({"decode-1": bad_request, "decode-2": bad_request})
     proxy, _ = make_proxy(tmp_path, engines)
-    status, path = await serve(proxy)
+    status, path = await status_path(proxy)
     assert (status, path) == (400, RequestPath.DISAGGREGATED)
     assert len(engines.kv_deliveries()) == 1  # vLLM releases a rejected handle itself
 
@@ -219,35 +216,26 @@ async def test_a_stuck_kv_read_is_aborted_at_the_late_budget_and_served_colocate
 
     engines = FakeEngines({"decode-1": stuck})
     # lease 6 s x share 0.02: the first token must come within 0.12 s of the prefill answer.
-    proxy, cluster = make_proxy(tmp_path, engines, kv={"lease_s": 6, "late_hop_share": 0.02})
-    ctx = proxy.new_ctx("/v1/completions",
-                        b'{"prompt": "a prompt long enough to go disaggregated", '
-                        b'"max_tokens": 2, "stream": true}', None)
-    resp = await asyncio.wait_for(proxy.open(ctx), 5)
-    assert [c async for c in resp.chunks()]  # the colocated attempt's answer
-    resp.close()
-    rec = proxy.finish(ctx, "ok", None)
+    proxy, table = make_proxy(tmp_path, engines, kv={"lease_s": 6, "late_hop_share": 0.02})
+    served = await asyncio.wait_for(serve(proxy, LONG_STREAM), 5)
+    assert served.body  # the colocated attempt's answer
+    rec = served.record
     assert StuckStream.closed  # the stuck hop was aborted on its engine
     assert rec.path is RequestPath.COLOCATED and rec.decode_instance == "decode-2"
     assert rec.kv_handle is None  # its late read answered nobody
     assert [c.host for c in engines.kv_deliveries()] == ["decode-1"]
     assert engines.calls[-1].host == "decode-2" and engines.calls[-1].kv is None
     assert proxy.metrics.kv_stuck_reads._value.get() == 1
-    assert all(i.inflight == 0 for i in cluster.instances.values())
+    assert idle(table)
 
 
 async def test_a_stream_whose_first_token_comes_in_time_is_relayed_whole(tmp_path: Path
                                                                         ) -> None:
     engines = FakeEngines()
     proxy, _ = make_proxy(tmp_path, engines)
-    ctx = proxy.new_ctx("/v1/completions",
-                        b'{"prompt": "a prompt long enough to go disaggregated", '
-                        b'"max_tokens": 2, "stream": true}', None)
-    resp = await proxy.open(ctx)
-    body = b"".join([c async for c in resp.chunks()])
-    resp.close()
-    assert b'"ok"' in body and ctx.first_at is not None
-    assert ctx.path is RequestPath.DISAGGREGATED
+    served = await serve(proxy, LONG_STREAM)
+    assert b'"ok"' in served.body and served.ctx.first_at is not None
+    assert served.ctx.path is RequestPath.DISAGGREGATED and served.record.status == "ok"
 
 
 async def test_with_one_decode_instance_the_colocated_attempt_goes_to_it_again(
@@ -264,11 +252,7 @@ async def test_with_one_decode_instance_the_colocated_attempt_goes_to_it_again(
     engines = FakeEngines({"decode-1": stuck_then_fine})
     proxy, _ = make_proxy(tmp_path, engines, decode=1,
                           kv={"lease_s": 6, "late_hop_share": 0.02})
-    ctx = proxy.new_ctx("/v1/completions",
-                        b'{"prompt": "a prompt long enough to go disaggregated", '
-                        b'"max_tokens": 2, "stream": true}', None)
-    resp = await asyncio.wait_for(proxy.open(ctx), 5)
-    assert b'"ok"' in b"".join([c async for c in resp.chunks()])
-    resp.close()
-    assert calls == 2 and ctx.path is RequestPath.COLOCATED
+    served = await asyncio.wait_for(serve(proxy, LONG_STREAM), 5)
+    assert b'"ok"' in served.body
+    assert calls == 2 and served.ctx.path is RequestPath.COLOCATED
     assert [c.kv is None for c in engines.calls if c.host == "decode-1"] == [False, True]

@@ -7,38 +7,25 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
-import httpx
 import pytest
 
-from controller.cluster import Cluster
-from controller.config import load_settings
 from controller.metrics import Metrics
-from controller.models import Instance, InstanceState, Role
 from controller.requests_log import RequestLog
 from controller.router.proxy import Proxy
 from controller.router.upstream import Reply, UpstreamError
-from controller.store import Store
 from controller.tokens import EstimatingCounter
-from tests.unit.test_cluster import FakeLauncher
+from tests.unit.fake_engines import make_table, serve
 
 
 async def test_single_decode_instance_is_retried_after_a_connect_timeout(tmp_path: Path
                                                                         ) -> None:
-    settings = load_settings(None, controller={"state_dir": tmp_path},
-                             pools={"prefill": {"size": 0}})
-    cluster = Cluster(settings, Store(tmp_path / "s.db"), FakeLauncher(), httpx.AsyncClient())
-    cluster.instances["decode-1"] = Instance("decode-1", Role.DECODE, 2, "http://decode-1",
-                                             state=InstanceState.READY)
-    cluster._refresh_membership()
+    settings, table = make_table(tmp_path, prefill=0, decode=1)
     upstream = FlakyEngine()
-    proxy = Proxy(cluster, upstream, EstimatingCounter(), RequestLog(100), Metrics())
-    ctx = proxy.new_ctx("/v1/completions", b'{"prompt": "hi", "max_tokens": 2}', "r1")
-    resp = await proxy.open(ctx)
-    assert resp.status == 200 and upstream.calls == ["http://decode-1/v1/completions"] * 2
-    assert await resp.read() == b'{"choices": [{"text": "ok"}]}'
-    resp.close()
-    rec = proxy.finish(ctx, "ok", None)
-    assert rec.retries == 1 and cluster.instances["decode-1"].inflight == 0
+    proxy = Proxy(settings, table, upstream, EstimatingCounter(), RequestLog(100), Metrics())
+    served = await serve(proxy, b'{"prompt": "hi", "max_tokens": 2}')
+    assert served.status == 200 and upstream.calls == ["http://decode-1/v1/completions"] * 2
+    assert served.body == b'{"choices": [{"text": "ok"}]}'
+    assert served.record.retries == 1 and table.inflight("decode-1") == 0
 
 
 class Answer:
@@ -78,13 +65,8 @@ class FlakyEngine:
 
 async def test_a_request_cancelled_during_its_prefill_hop_is_recorded_disaggregated(
         tmp_path: Path) -> None:
-    settings = load_settings(None, controller={"state_dir": tmp_path},
-                             routing={"disagg_min_prompt_tokens": 1})
-    cluster = Cluster(settings, Store(tmp_path / "s.db"), FakeLauncher(), httpx.AsyncClient())
-    for iid, role in (("prefill-1", Role.PREFILL), ("decode-1", Role.DECODE)):
-        cluster.instances[iid] = Instance(iid, role, 2, f"http://{iid}",
-                                          state=InstanceState.READY)
-    cluster._refresh_membership()
+    settings, table = make_table(tmp_path, prefill=1, decode=1,
+                                 routing={"disagg_min_prompt_tokens": 1})
 
     gate = asyncio.Event()
 
@@ -94,20 +76,19 @@ async def test_a_request_cancelled_during_its_prefill_hop_is_recorded_disaggrega
             await gate.wait()
             raise UpstreamError("the engine aborted the request")
 
-    proxy = Proxy(cluster, SlowPrefill(), EstimatingCounter(), RequestLog(100), Metrics())
-    ctx = proxy.new_ctx("/v1/completions", b'{"prompt": "a long prompt", "max_tokens": 2}',
-                        None)
-    task = asyncio.create_task(proxy.open(ctx))
+    proxy = Proxy(settings, table, SlowPrefill(), EstimatingCounter(), RequestLog(100),
+                  Metrics())
+    task = asyncio.create_task(serve(proxy, b'{"prompt": "a long prompt", "max_tokens": 2}'))
     await asyncio.sleep(0.05)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    rec = proxy.finish(ctx, "cancelled", None, "client disconnected")
+    [rec] = proxy.requests.recent(1)
     assert rec.path.value == "disaggregated" and rec.status == "cancelled"
     assert rec.kv_bytes == 0  # no KV was produced, so none is counted as moved
     # The hop is left to end (so that KV it may hold is released), then stops counting.
-    assert cluster.instances["prefill-1"].inflight == 1
+    assert table.inflight("prefill-1") == 1
     gate.set()
     await asyncio.sleep(0.05)
-    assert cluster.instances["prefill-1"].inflight == 0
-    assert cluster.instances["decode-1"].inflight == 0
+    assert table.inflight("prefill-1") == 0
+    assert table.inflight("decode-1") == 0

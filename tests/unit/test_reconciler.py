@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from controller.models import InstanceState as S
 from controller.models import Role
-from controller.reconciler import Drain, Observed, PlanInput, PoolTarget, Start, Stop, plan
+from controller.reconciler import (
+    Capacity,
+    Drain,
+    Observed,
+    PlanInput,
+    PoolTarget,
+    Start,
+    Stop,
+    plan,
+)
 
 P, D = Role.PREFILL, Role.DECODE
 NO_PREFILL = PoolTarget(0, 4)
@@ -17,7 +26,8 @@ def inst(iid: str, role: Role = D, tp: int = 2, state: S = S.READY, inflight: in
 
 def run(decode: PoolTarget, *instances: Observed, free: int = 100,
         prefill: PoolTarget = NO_PREFILL, now: float = 100.0) -> list[object]:
-    return list(plan(PlanInput({P: prefill, D: decode}, instances, free, now, 30.0)))
+    return list(plan(PlanInput({P: prefill, D: decode}, instances, Capacity.with_free(free), now,
+                              30.0)))
 
 
 def starts(actions: list[object]) -> int:
@@ -82,9 +92,11 @@ def test_stale_starting_instances_are_stopped() -> None:
 
 
 def test_backoff_blocks_starts_only() -> None:
-    inp = PlanInput({P: PoolTarget(0, 4), D: PoolTarget(2, 2)}, (inst("d1"),), 100, 0.0, 30.0,
-                    may_start=frozenset({P}))
+    inp = PlanInput({P: PoolTarget(0, 4), D: PoolTarget(2, 2)}, (inst("d1"),),
+                    Capacity.with_free(100), 5.0, 30.0, backoff_until={D: 10.0})
     assert plan(inp) == []
+    later = PlanInput(inp.targets, inp.instances, inp.capacity, 10.0, 30.0, inp.backoff_until)
+    assert starts(plan(later)) == 1
 
 
 def test_accelerator_budget_limits_starts() -> None:
@@ -92,5 +104,23 @@ def test_accelerator_budget_limits_starts() -> None:
 
 
 def test_roles_are_planned_independently() -> None:
-    actions = plan(PlanInput({P: PoolTarget(1, 4), D: PoolTarget(1, 2)}, (), 100, 0.0, 30.0))
+    actions = plan(PlanInput({P: PoolTarget(1, 4), D: PoolTarget(1, 2)}, (),
+                             Capacity.with_free(100), 0.0, 30.0))
     assert {(a.role, a.tp) for a in actions if isinstance(a, Start)} == {(P, 4), (D, 2)}
+
+
+def test_placement_is_decided_in_the_plan() -> None:
+    """Each start carries its own slots, distinct from the used ones and from each other;
+    a start that cannot be placed is not planned (never dropped later)."""
+    cap = Capacity(per_node=4, nodes=2, used=frozenset({0, 1}))
+    actions = plan(PlanInput({P: PoolTarget(1, 4), D: PoolTarget(2, 2)}, (), cap, 0.0, 30.0))
+    slots = {a.role: a.slots for a in actions if isinstance(a, Start) and a.role is P}
+    assert slots == {P: (4, 5, 6, 7)}
+    decode = [a.slots for a in actions if isinstance(a, Start) and a.role is D]
+    assert decode == [(2, 3)]  # the second TP-2 instance has no node left with 2 free slots
+
+
+def test_fragmented_capacity_plans_no_start() -> None:
+    """Two free accelerators on two nodes hold no TP-2 instance (TP stays inside a node)."""
+    cap = Capacity(per_node=2, nodes=2, used=frozenset({0, 2}))
+    assert plan(PlanInput({P: PoolTarget(0, 2), D: PoolTarget(1, 2)}, (), cap, 0.0, 30.0)) == []

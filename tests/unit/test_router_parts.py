@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-from controller.cluster import parse_load
+from controller.fleet.observer import Load, parse_load
+from controller.fleet.registry import Registry
 from controller.models import Instance, RequestPath, RequestRecord, Role
 from controller.requests_log import RequestLog, percentiles, stats
+from controller.router.bodies import prefill_body
 from controller.router.policies import LeastLoaded, RoundRobin, make_policy
-from controller.router.proxy import last_event, prefill_body
+from controller.router.sse import last_event
 from controller.tokens import EstimatingCounter, estimate_tokens
 
 
@@ -18,20 +20,20 @@ def instances(n: int) -> list[Instance]:
 
 def test_round_robin_visits_everyone_evenly() -> None:
     pool, rr = instances(3), RoundRobin()
-    counts = Counter(rr.choose(pool).id for _ in range(300))
+    counts = Counter(rr.choose(pool, {}).id for _ in range(300))
     assert set(counts.values()) == {100}
 
 
 def test_least_loaded_prefers_idle_and_rotates_ties() -> None:
     pool, ll = instances(3), LeastLoaded()
-    pool[0].inflight, pool[1].waiting = 2, 1
-    assert ll.choose(pool).id == "d2"
-    pool[2].inflight = 1
+    inflight = {"d0": 2}
+    pool[1].waiting = 1
+    assert ll.choose(pool, inflight).id == "d2"
+    inflight["d2"] = 1
     pool[1].waiting = 0
-    assert ll.choose(pool).id == "d1"
-    for p in pool:
-        p.inflight = p.waiting = 0
-    assert len({ll.choose(pool).id for _ in range(3)}) == 3
+    assert ll.choose(pool, inflight).id == "d1"
+    pool[1].waiting = 0
+    assert len({ll.choose(pool, {}).id for _ in range(3)}) == 3
 
 
 def test_unknown_policy() -> None:
@@ -112,7 +114,8 @@ def test_timeseries_buckets() -> None:
 
 
 def test_streaming_decode_hop_asks_for_usage_and_relay_strips_it() -> None:
-    from controller.router.proxy import decode_body, strip_usage_event
+    from controller.router.bodies import decode_body
+    from controller.router.sse import strip_usage_event
 
     body, strip = decode_body({"prompt": "x", "stream": True}, {"do_remote_prefill": True})
     assert strip and body["stream_options"] == {"include_usage": True}
@@ -130,12 +133,11 @@ def test_streaming_decode_hop_asks_for_usage_and_relay_strips_it() -> None:
 
 
 def test_apply_load_tracks_recent_nixl_transfer_time() -> None:
-    from controller.cluster import apply_load
-
     inst = instances(1)[0]
-    apply_load(inst, {"running": 2, "nixl_xfers": 4, "nixl_xfer_s": 0.04, "nixl_bytes": 4e6})
+    registry = Registry(None, lambda: 0.0)  # type: ignore[arg-type]  # no transitions here
+    registry.apply_load(inst, Load(running=2, nixl_xfers=4, nixl_xfer_s=0.04, nixl_bytes=4e6))
     assert inst.running == 2 and inst.recent_xfer_ms == 10.0
-    apply_load(inst, {"nixl_xfers": 6, "nixl_xfer_s": 0.10, "nixl_bytes": 6e6})
+    registry.apply_load(inst, Load(nixl_xfers=6, nixl_xfer_s=0.10, nixl_bytes=6e6))
     assert abs(inst.recent_xfer_ms - 30.0) < 1e-9  # (0.10 - 0.04) / 2 transfers
-    apply_load(inst, {"nixl_xfers": 6, "nixl_xfer_s": 0.10, "nixl_bytes": 6e6})
+    registry.apply_load(inst, Load(nixl_xfers=6, nixl_xfer_s=0.10, nixl_bytes=6e6))
     assert abs(inst.recent_xfer_ms - 30.0) < 1e-9  # no new transfers: keep the last mean

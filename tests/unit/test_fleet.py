@@ -1,4 +1,4 @@
-"""The cluster loop against a fake launcher and fake engines (httpx.MockTransport):
+"""The fleet loop against a fake launcher and fake engines (httpx.MockTransport):
 lifecycle transitions, replacement with backoff, validation and the audit log."""
 
 from __future__ import annotations
@@ -9,11 +9,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controller.cluster import Cluster, Probe, count_failures, quarantine_s
 from controller.config import load_settings
 from controller.errors import InvalidChange
+from controller.fleet import Fleet, build_fleet
+from controller.fleet.guard import quarantine_s
+from controller.fleet.observer import Probe, count_failures
 from controller.launchers.base import Launched, Launcher, LaunchSpec
-from controller.models import InstanceState, Role
+from controller.models import Instance, InstanceState, Role
 from controller.store import Store
 
 
@@ -45,8 +47,17 @@ class Clock:
         return self.t
 
 
+Env = tuple[Fleet, FakeLauncher, Clock, Store]
+
+
+def _get(fleet: Fleet, instance_id: str) -> Instance:
+    inst = fleet.registry.get(instance_id)
+    assert inst is not None
+    return inst
+
+
 @pytest.fixture
-def env(tmp_path: Path) -> tuple[Cluster, FakeLauncher, Clock, Store]:
+def env(tmp_path: Path) -> Env:
     launcher = FakeLauncher()
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -59,95 +70,96 @@ def env(tmp_path: Path) -> tuple[Cluster, FakeLauncher, Clock, Store]:
     store = Store(tmp_path / "state.db")
     clock = Clock()
     client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    return Cluster(settings, store, launcher, client, clock), launcher, clock, store
+    return build_fleet(settings, store, launcher, client, clock)[0], launcher, clock, store
 
 
-async def test_instances_start_then_become_ready(env: tuple[Cluster, FakeLauncher, Clock, Store]
+async def test_instances_start_then_become_ready(env: Env
                                                  ) -> None:
-    cluster, launcher, clock, store = env
-    await cluster.tick()
+    fleet, launcher, clock, store = env
+    await fleet.tick()
     assert sorted(s.role.value for s in launcher.started) == ["decode", "prefill"]
-    assert all(i.state is InstanceState.STARTING for i in cluster.instances.values())
-    assert cluster.ready(Role.DECODE) == []
+    assert all(i.state is InstanceState.STARTING for i in fleet.registry)
+    assert fleet.ready(Role.DECODE) == []
     launcher.healthy = {s.instance_id for s in launcher.started}
     clock.t += 1
-    await cluster.tick()
-    assert [i.id for i in cluster.ready(Role.DECODE)] == ["decode-2"]
-    assert cluster.pool_view(Role.DECODE)["converged"] is True
+    await fleet.tick()
+    assert [i.id for i in fleet.ready(Role.DECODE)] == ["decode-2"]
+    assert fleet.pool_view(Role.DECODE)["converged"] is True
     assert {e["kind"] for e in store.events()} >= {"instance.starting", "instance.ready"}
-    assert cluster.instances["prefill-1"].accelerators == (0, 1, 2, 3)
-    assert cluster.instances["decode-2"].accelerators == (4, 5)
+    assert _get(fleet, "prefill-1").accelerators == (0, 1, 2, 3)
+    assert _get(fleet, "decode-2").accelerators == (4, 5)
 
 
-async def _ready_pools(env: tuple[Cluster, FakeLauncher, Clock, Store]) -> None:
-    cluster, launcher, clock, _ = env
-    await cluster.tick()
+async def _ready_pools(env: Env) -> None:
+    fleet, launcher, clock, _ = env
+    await fleet.tick()
     launcher.healthy = {s.instance_id for s in launcher.started}
     clock.t += 1
-    await cluster.tick()
+    await fleet.tick()
 
 
 async def test_exited_instance_fails_and_is_replaced_after_backoff(
-        env: tuple[Cluster, FakeLauncher, Clock, Store]) -> None:
-    cluster, launcher, clock, store = env
+        env: Env) -> None:
+    fleet, launcher, clock, store = env
     await _ready_pools(env)
     launcher.exited["prefill-1"] = -9
-    await cluster.tick()
-    assert cluster.instances["prefill-1"].state is InstanceState.FAILED
-    assert cluster.ready(Role.PREFILL) == []
+    await fleet.tick()
+    assert _get(fleet, "prefill-1").state is InstanceState.FAILED
+    assert fleet.ready(Role.PREFILL) == []
     assert len(launcher.started) == 2  # backoff holds the replacement back
     clock.t += 1.5
-    await cluster.tick()
+    await fleet.tick()
     assert launcher.started[-1].role is Role.PREFILL and len(launcher.started) == 3
-    assert "exited with status -9" in (cluster.instances["prefill-1"].last_error or "")
+    assert "exited with status -9" in (_get(fleet, "prefill-1").last_error or "")
 
 
-async def test_start_timeout_fails_the_instance(env: tuple[Cluster, FakeLauncher, Clock, Store]
+async def test_start_timeout_fails_the_instance(env: Env
                                                 ) -> None:
-    cluster, launcher, clock, _ = env
-    await cluster.tick()
-    clock.t += cluster.settings.controller.start_timeout_s + 1
-    await cluster.tick()
-    assert all(i.state is InstanceState.FAILED for i in cluster.instances.values())
-    assert "not ready after" in (cluster.instances["decode-2"].last_error or "")
+    fleet, launcher, clock, _ = env
+    await fleet.tick()
+    clock.t += fleet.settings.controller.start_timeout_s + 1
+    await fleet.tick()
+    assert all(i.state is InstanceState.FAILED for i in fleet.registry)
+    assert "not ready after" in (_get(fleet, "decode-2").last_error or "")
 
 
 async def test_failed_health_checks_fail_a_ready_instance(
-        env: tuple[Cluster, FakeLauncher, Clock, Store]) -> None:
-    cluster, launcher, clock, _ = env
+        env: Env) -> None:
+    fleet, launcher, clock, _ = env
     await _ready_pools(env)
     launcher.healthy.discard("decode-2")
-    for _ in range(cluster.settings.controller.unhealthy_after):
-        clock.t += cluster.settings.controller.health_interval_s
-        await cluster.tick()
-    assert cluster.instances["decode-2"].state is InstanceState.FAILED
+    for _ in range(fleet.settings.controller.unhealthy_after):
+        clock.t += fleet.settings.controller.health_interval_s
+        await fleet.tick()
+    assert _get(fleet, "decode-2").state is InstanceState.FAILED
     await asyncio.sleep(0.01)  # the stop runs as a task
     assert "decode-2" in launcher.stopped
 
 
 async def test_invalid_change_changes_and_records_nothing(
-        env: tuple[Cluster, FakeLauncher, Clock, Store]) -> None:
-    cluster, _, _, store = env
-    before = (dict(cluster.targets), len(store.events(1000)), store.get("desired"))
+        env: Env) -> None:
+    fleet, _, _, store = env
+    before = (dict(fleet.targets), len(store.events(1000)), store.get("desired"))
     with pytest.raises(InvalidChange):
-        cluster.set_pool(Role.DECODE, 99, None, "test")
-    assert (dict(cluster.targets), len(store.events(1000)), store.get("desired")) == before
+        fleet.set_pool(Role.DECODE, 99, None, "test")
+    assert (dict(fleet.targets), len(store.events(1000)), store.get("desired")) == before
 
 
-async def test_drain_then_stop_when_idle(env: tuple[Cluster, FakeLauncher, Clock, Store]
+async def test_drain_then_stop_when_idle(env: Env
                                          ) -> None:
-    cluster, launcher, clock, store = env
+    fleet, launcher, clock, store = env
     await _ready_pools(env)
-    inst = cluster.instances["decode-2"]
-    inst.inflight = 1
-    cluster.drain("decode-2", "operator")
-    assert cluster.ready(Role.DECODE) == [] and inst.state is InstanceState.DRAINING
-    await cluster.tick()
+    inst = fleet.registry.get("decode-2")
+    assert inst is not None
+    lease = fleet.table.lease(inst)  # a request in flight
+    fleet.drain("decode-2", "operator")
+    assert fleet.ready(Role.DECODE) == [] and inst.state is InstanceState.DRAINING
+    await fleet.tick()
     assert "decode-2" not in launcher.stopped  # still serving its request
     assert launcher.started[-1].role is Role.DECODE  # a replacement is on its way
-    inst.inflight = 0
-    await cluster.tick()
-    await cluster.shutdown()
+    lease.release()
+    await fleet.tick()
+    await fleet.shutdown()
     assert "decode-2" in launcher.stopped
     ev = [e for e in store.events(100) if e["target"] == "decode-2"]
     assert [e["kind"] for e in reversed(ev)][:3] == ["instance.starting", "instance.ready",
@@ -155,34 +167,36 @@ async def test_drain_then_stop_when_idle(env: tuple[Cluster, FakeLauncher, Clock
 
 
 async def test_pick_avoids_an_instance_just_reported_unreachable(
-        env: tuple[Cluster, FakeLauncher, Clock, Store]) -> None:
-    cluster, _, _, _ = env
+        env: Env) -> None:
+    fleet, _, _, _ = env
     await _ready_pools(env)
-    cluster.set_pool(Role.DECODE, 2, None, "test")
-    await cluster.tick()
-    for i in cluster.instances.values():
-        cluster._transition(i, InstanceState.READY, "test", "forced")
-    first = cluster.ready(Role.DECODE)[0]
-    cluster.report_unreachable(first, "refused")
-    picks = {getattr(cluster.pick(Role.DECODE, set()), "id", None) for _ in range(4)}
+    fleet.set_pool(Role.DECODE, 2, None, "test")
+    await fleet.tick()
+    for i in fleet.registry:
+        fleet.registry.transition(i, InstanceState.READY, "test", "forced")
+    table = fleet.table
+    first = table.ready(Role.DECODE)[0]
+    table.report_unreachable(first, "refused")
+    picks = {getattr(table.pick(Role.DECODE, set()), "id", None) for _ in range(4)}
     assert picks == {"decode-3"}
-    assert cluster.pick(Role.DECODE, {"decode-3"}) is first  # the only one left
+    assert table.pick(Role.DECODE, {"decode-3"}) is first  # the only one left
+    assert first.last_error == "refused"  # recorded by the registry
 
 
 async def test_load_is_polled_from_engine_metrics(
-        env: tuple[Cluster, FakeLauncher, Clock, Store]) -> None:
-    cluster, _, _, _ = env
+        env: Env) -> None:
+    fleet, _, _, _ = env
     await _ready_pools(env)
-    await cluster.poll_load()
-    assert cluster.instances["decode-2"].running == len("decode-2")
+    await fleet.poll_load()
+    assert _get(fleet, "decode-2").running == len("decode-2")
 
 
 async def test_stored_desired_state_wins_on_restart(tmp_path: Path) -> None:
     settings = load_settings(None, controller={"state_dir": tmp_path})
     store = Store(tmp_path / "state.db")
-    c1 = Cluster(settings, store, FakeLauncher(), httpx.AsyncClient())
+    c1, _ = build_fleet(settings, store, FakeLauncher(), httpx.AsyncClient())
     c1.set_pool(Role.DECODE, 3, None, "test")
-    c2 = Cluster(settings, store, FakeLauncher(), httpx.AsyncClient())
+    c2, _ = build_fleet(settings, store, FakeLauncher(), httpx.AsyncClient())
     assert c2.targets[Role.DECODE].size == 3
 
 
@@ -201,23 +215,23 @@ def test_a_sweep_where_most_ready_instances_time_out_counts_no_timeout() -> None
 
 
 async def test_timeouts_across_the_fleet_do_not_fail_it(
-        env: tuple[Cluster, FakeLauncher, Clock, Store]) -> None:
-    cluster, launcher, clock, store = env
-    await cluster.tick()
+        env: Env) -> None:
+    fleet, launcher, clock, store = env
+    await fleet.tick()
     launcher.healthy = {s.instance_id for s in launcher.started}
     clock.t += 1
-    await cluster.tick()
-    ready = {i.id for i in cluster.instances.values() if i.state is InstanceState.READY}
+    await fleet.tick()
+    ready = {i.id for i in fleet.registry if i.state is InstanceState.READY}
     assert len(ready) == 2
 
     def hang(request: httpx.Request) -> httpx.Response:
         raise httpx.ReadTimeout("starved", request=request)
 
-    cluster.client = httpx.AsyncClient(transport=httpx.MockTransport(hang))
-    for _ in range(cluster.settings.controller.unhealthy_after + 2):
-        clock.t += cluster.settings.controller.health_interval_s
-        await cluster.tick()
-    assert {i.id for i in cluster.instances.values() if i.state is InstanceState.READY} == ready
+    fleet.observer.client = httpx.AsyncClient(transport=httpx.MockTransport(hang))
+    for _ in range(fleet.settings.controller.unhealthy_after + 2):
+        clock.t += fleet.settings.controller.health_interval_s
+        await fleet.tick()
+    assert {i.id for i in fleet.registry if i.state is InstanceState.READY} == ready
 
 
 @pytest.mark.parametrize(("crashes", "wait"), [(1, None), (2, None), (3, 30.0), (4, 60.0),
@@ -227,51 +241,51 @@ def test_quarantine_grows_with_crashes_in_the_window(crashes: int, wait: float |
 
 
 async def test_a_decode_pool_that_keeps_crashing_in_service_is_quarantined(
-        env: tuple[Cluster, FakeLauncher, Clock, Store]) -> None:
+        env: Env) -> None:
     """Like the AMX crash: each replacement becomes ready, then dies on its first
     disaggregated request. Readiness must not reset the count; the third crash stops the
     restarts for 30 s, visibly."""
-    cluster, launcher, clock, store = env
+    fleet, launcher, clock, store = env
     await _ready_pools(env)
     for n in range(3):
-        [d] = cluster.ready(Role.DECODE)
+        [d] = fleet.ready(Role.DECODE)
         launcher.exited[d.id] = -4
-        await cluster.tick()
+        await fleet.tick()
         assert d.last_error == "process exited with status -4 (SIGILL)"
         if n == 2:
             break
-        assert cluster.pool_view(Role.DECODE)["quarantine"] is None
+        assert fleet.pool_view(Role.DECODE)["quarantine"] is None
         clock.t += 20  # past the start backoff: a replacement starts and becomes ready
-        await cluster.tick()
+        await fleet.tick()
         launcher.healthy = {s.instance_id for s in launcher.started}
         clock.t += 1
-        await cluster.tick()
-    view = cluster.pool_view(Role.DECODE)["quarantine"]
+        await fleet.tick()
+    view = fleet.pool_view(Role.DECODE)["quarantine"]
     assert view is not None and view["crashes"] == 3 and 0 < view["remaining_s"] <= 30
     assert "SIGILL" in view["last_error"]
     [event] = [e for e in store.events() if e["kind"] == "pool.quarantined"]
     assert event["target"] == "decode" and "3 crashes" in event["detail"]
     starts = len(launcher.started)
     clock.t += 20
-    await cluster.tick()
+    await fleet.tick()
     assert len(launcher.started) == starts  # quarantined: no restart yet
     clock.t += 15
-    await cluster.tick()
+    await fleet.tick()
     assert len(launcher.started) == starts + 1
-    assert cluster.pool_view(Role.DECODE)["quarantine"] is None
+    assert fleet.pool_view(Role.DECODE)["quarantine"] is None
 
 
 async def test_crashes_outside_the_window_are_forgotten(
-        env: tuple[Cluster, FakeLauncher, Clock, Store]) -> None:
-    cluster, launcher, clock, _ = env
+        env: Env) -> None:
+    fleet, launcher, clock, _ = env
     await _ready_pools(env)
     for _ in range(3):
-        [d] = cluster.ready(Role.DECODE)
+        [d] = fleet.ready(Role.DECODE)
         launcher.exited[d.id] = -9
-        await cluster.tick()
-        clock.t += cluster.settings.controller.crash_window_s / 2 + 1
-        await cluster.tick()
+        await fleet.tick()
+        clock.t += fleet.settings.controller.crash_window_s / 2 + 1
+        await fleet.tick()
         launcher.healthy = {s.instance_id for s in launcher.started}
         clock.t += 1
-        await cluster.tick()
-    assert cluster.quarantine[Role.DECODE] is None
+        await fleet.tick()
+    assert fleet.guard.quarantine[Role.DECODE] is None

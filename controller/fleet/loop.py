@@ -1,0 +1,279 @@
+"""The fleet: observe -> plan -> act, forever.
+
+Each tick observes (process exits, health), builds the planner's input from the registry, the
+desired pools, the start guard and the routing table's in-flight counts, asks the pure
+``reconciler.plan`` what to do, and carries the actions out through the launcher. A separate
+loop polls the engines' /metrics. Only the registry changes instances.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from controller import placement
+from controller.config import Settings
+from controller.errors import InvalidChange, LaunchError, NotFound
+from controller.fleet.desired import Desired, target_json
+from controller.fleet.guard import StartGuard
+from controller.fleet.observer import Observer, Probe, count_failures, exit_reason, launched
+from controller.fleet.registry import Registry
+from controller.launchers.base import Launcher, LaunchSpec
+from controller.models import Instance, InstanceState, Role
+from controller.reconciler import (
+    Action,
+    Capacity,
+    Drain,
+    Observed,
+    PlanInput,
+    PoolTarget,
+    Start,
+    Stop,
+    plan,
+)
+from controller.router.table import RoutingTable
+
+log = logging.getLogger("pdctl.fleet")
+
+
+class Fleet:
+    def __init__(self, settings: Settings, registry: Registry, desired: Desired,
+                 observer: Observer, launcher: Launcher, table: RoutingTable,
+                 clock: Callable[[], float]) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.desired = desired
+        self.observer = observer
+        self.launcher = launcher
+        self.table = table
+        self.clock = clock
+        cs = settings.controller
+        self.guard = StartGuard(cs.crash_window_s, cs.quarantine_after)
+        self._last_health: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._wake = asyncio.Event()
+
+    # ---- the operator's changes ------------------------------------------------------------
+
+    @property
+    def targets(self) -> dict[Role, PoolTarget]:
+        return self.desired.targets
+
+    def set_pool(self, role: Role, size: int | None, tp: int | None, actor: str
+                 ) -> PoolTarget:
+        """Validate and apply a desired-state change; raises InvalidChange, changes nothing."""
+        target = self.desired.set(role, size, tp, actor)
+        self._wake.set()
+        return target
+
+    def preview_pool(self, role: Role, size: int | None, tp: int | None) -> list[Action]:
+        """The actions the next reconcile step would take for ``role`` if the change were
+        applied now (a dry run, backoff aside); raises InvalidChange, changes nothing."""
+        inp = self._plan_input(self.desired.check(role, size, tp))
+        mine = {i.id for i in inp.instances if i.role is role}
+        return [a for a in plan(PlanInput(inp.targets, inp.instances, inp.capacity, inp.now,
+                                          inp.drain_timeout_s))
+                if (a.role is role if isinstance(a, Start) else a.instance_id in mine)]
+
+    def drain(self, instance_id: str, actor: str) -> Instance:
+        inst = self.registry.get(instance_id)
+        if inst is None:
+            raise NotFound(f"no instance {instance_id!r}")
+        if inst.state not in (InstanceState.READY, InstanceState.STARTING):
+            raise InvalidChange(f"instance {instance_id} is {inst.state.value}; only ready or "
+                                "starting instances can be drained")
+        self.registry.drain(inst, f"operator drain by {actor}", actor)
+        self._wake.set()
+        return inst
+
+    def unreachable(self, inst: Instance, error: str) -> None:
+        """The router could not reach ``inst``: record why and check it at the next tick."""
+        self.registry.unreachable(inst, error)
+        self._last_health.pop(inst.id, None)
+        self._wake.set()
+
+    # ---- the loop ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except Exception:  # the loop must survive any single bad tick
+                log.exception("reconcile tick failed")
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.controller.tick_s)
+
+    async def tick(self) -> None:
+        for iid, code in self.observer.exits(self.registry.live()).items():
+            inst = self.registry.get(iid)
+            if inst is not None:
+                self._fail(inst, exit_reason(code))
+        await self._check_health()
+        for iid in self.registry.purge():
+            self._last_health.pop(iid, None)
+        for action in plan(self._plan_input(self.desired.targets)):
+            await self._act(action)
+
+    def _fail(self, inst: Instance, why: str) -> None:
+        in_service = self.registry.fail(inst, why)
+        q = self.guard.failed(inst.role, self.clock(), in_service, why)
+        if q is not None:
+            cs = self.settings.controller
+            wait = q.until - self.clock()
+            self.registry.store.record(
+                "controller", "pool.quarantined", inst.role.value, None, q.public(self.clock()),
+                f"{q.crashes} crashes in service within {cs.crash_window_s:g} s (last: {why}); "
+                f"no new {inst.role.value} instance for {wait:g} s")
+            log.warning("%s pool quarantined for %g s after %d crashes (last: %s)",
+                        inst.role.value, wait, q.crashes, why)
+        if self.launcher.exit_code(launched(inst)) is None:
+            self._spawn(self._stop(inst, why, final_state=None))
+
+    async def _check_health(self) -> None:
+        now = self.clock()
+        cs = self.settings.controller
+        due = []
+        for inst in self.registry.live():
+            if inst.state is InstanceState.STARTING:
+                if now - inst.created_at > cs.start_timeout_s:
+                    self._fail(inst, f"not ready after {cs.start_timeout_s:.0f} s")
+                    continue
+                due.append(inst)
+            elif now - self._last_health.get(inst.id, 0.0) >= cs.health_interval_s:
+                due.append(inst)
+        results = await self.observer.probe(due)
+        verdict = count_failures(
+            [(i.state is InstanceState.STARTING, r) for i, r in zip(due, results, strict=True)])
+        if verdict.overloaded:
+            log.warning("health checks of %d of %d instances timed out at once: the controller "
+                        "is likely starved of CPU; not counting them against the instances",
+                        verdict.uncounted, verdict.ready)
+        for inst, result, failed in zip(due, results, verdict.failed, strict=True):
+            self._last_health[inst.id] = now
+            if inst.state.terminal or self.registry.stopping(inst):
+                continue  # ended while the sweep ran
+            self._after_probe(inst, result is Probe.OK, failed)
+
+    def _after_probe(self, inst: Instance, ok: bool, failed: bool) -> None:
+        if inst.state is InstanceState.STARTING:
+            if ok:
+                self.guard.started(inst.role)
+                self.registry.mark_ready(inst)
+        elif ok:
+            self.registry.healthy(inst)
+        elif failed and self.registry.unhealthy(inst) >= self.settings.controller.unhealthy_after:
+            self._fail(inst, f"{inst.health_failures} failed health checks")
+
+    def _plan_input(self, targets: dict[Role, PoolTarget]) -> PlanInput:
+        hw = self.settings.hardware
+        observed = tuple(
+            Observed(i.id, i.role, i.tp, i.state, self.table.inflight(i.id), i.created_at,
+                     i.drain_started_at)
+            for i in self.registry.live())
+        capacity = Capacity(hw.per_node, hw.nodes, hw.share, self.registry.used_slots())
+        return PlanInput(targets, observed, capacity, self.clock(),
+                         self.settings.controller.drain_timeout_s,
+                         dict(self.guard.backoff_until))
+
+    async def _act(self, action: Action) -> None:
+        if isinstance(action, Start):
+            await self._start(action)
+        elif isinstance(action, Drain):
+            inst = self.registry.get(action.instance_id)
+            if inst is not None and inst.state is InstanceState.READY:
+                self.registry.drain(inst, action.reason)
+        elif isinstance(action, Stop):
+            inst = self.registry.get(action.instance_id)
+            if inst is not None and not self.registry.stopping(inst):
+                self._spawn(self._stop(inst, action.reason, InstanceState.STOPPED))
+
+    def _next_id(self, role: Role) -> str:
+        store = self.registry.store
+        seq = int(store.get("instance_seq") or 0) + 1
+        store.put("instance_seq", seq)
+        return f"{role.value}-{seq}"
+
+    async def _start(self, action: Start) -> None:
+        hw = self.settings.hardware
+        accel = tuple(placement.physical(s, hw.per_node, hw.share) for s in action.slots)
+        iid = self._next_id(action.role)
+        log_path = self.settings.controller.state_dir / "logs" / f"{iid}.log"
+        try:
+            handle = await self.launcher.start(
+                LaunchSpec(iid, action.role, action.tp, accel, log_path))
+        except LaunchError as exc:
+            self.registry.store.record("reconciler", "instance.launch_failed", iid, None, None,
+                                       str(exc))
+            self.guard.launch_failed(action.role, self.clock())
+            return
+        inst = Instance(iid, action.role, action.tp, handle.url, created_at=self.clock(),
+                        accelerators=accel, slots=action.slots, handle=handle)
+        self.registry.add(inst, action.reason)
+
+    async def _stop(self, inst: Instance, why: str, final_state: InstanceState | None
+                    ) -> None:
+        self.registry.begin_stop(inst)
+        try:
+            await self.launcher.stop(launched(inst))
+        finally:
+            self.registry.end_stop(inst, final_state, why)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def poll_load(self) -> None:
+        """Refresh running/waiting/KV usage and NIXL counters of serving instances."""
+        serving = self.registry.serving()
+        for iid, load in (await self.observer.poll(serving)).items():
+            inst = self.registry.get(iid)
+            if inst is not None:
+                self.registry.apply_load(inst, load)
+
+    async def run_load_poller(self, after: Callable[[list[Instance]], None] | None = None
+                              ) -> None:
+        """Poll the engines' /metrics forever; ``after`` sees the live instances each time."""
+        while True:
+            with contextlib.suppress(Exception):
+                await self.poll_load()
+                if after is not None:
+                    after([i for i in self.registry if not i.state.terminal])
+            await asyncio.sleep(self.settings.controller.metrics_poll_s)
+
+    async def shutdown(self) -> None:
+        """Stop every instance this controller started; wait for the stops to finish."""
+        await asyncio.gather(*(self._stop(i, "controller shutdown", InstanceState.STOPPED)
+                               for i in self.registry.live()))
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.launcher.close()
+        await self.observer.close()
+
+    # ---- views -------------------------------------------------------------------------
+
+    def ready(self, role: Role) -> list[Instance]:
+        return self.registry.ready(role)
+
+    def pool_view(self, role: Role) -> dict[str, Any]:
+        target = self.desired.targets[role]
+        mine = [i for i in self.registry if i.role is role]
+        counts = {s: sum(1 for i in mine if i.state is s) for s in InstanceState}
+        at_tp = sum(1 for i in mine if i.state.routable and i.tp == target.tp)
+        others = sum(1 for i in mine
+                     if not i.state.terminal and not (i.state.routable and i.tp == target.tp))
+        now = self.clock()
+        q = self.guard.active(role, now)
+        return {
+            "desired": target_json(target),
+            "actual": {"ready": counts[InstanceState.READY],
+                       "starting": counts[InstanceState.STARTING],
+                       "draining": counts[InstanceState.DRAINING],
+                       "ready_at_desired_tp": at_tp},
+            "converged": at_tp == target.size and others == 0,
+            "quarantine": q.public(now) if q is not None else None,
+        }

@@ -1,0 +1,159 @@
+"""Observing the engines: process exits, health probes and /metrics polls, returned as values.
+
+Nothing here changes an instance; the fleet loop hands what was observed to the registry,
+which alone applies it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import signal
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from controller.launchers.base import Launched, Launcher
+from controller.models import Instance
+
+LOAD_SERIES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:nixl_xfer_time_seconds_sum": "nixl_xfer_s",
+    "vllm:nixl_xfer_time_seconds_count": "nixl_xfers",
+    "vllm:nixl_bytes_transferred_sum": "nixl_bytes",
+    "vllm:nixl_num_kv_expired_reqs_total": "kv_expired",
+    "vllm:nixl_num_notifications_after_expiry_total": "kv_after_expiry",
+}
+METRICS_TIMEOUT_S = 2.0
+OVERLOAD_MIN = 2  # timeouts in one sweep before "all timed out" reads as controller overload
+
+
+@dataclass(frozen=True)
+class Load:
+    """One engine's /metrics, summed over its series (an engine may expose several)."""
+
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    nixl_xfers: float = 0.0  # cumulative, vllm:nixl_xfer_time_seconds_count
+    nixl_xfer_s: float = 0.0  # cumulative, vllm:nixl_xfer_time_seconds_sum
+    nixl_bytes: float = 0.0  # cumulative, vllm:nixl_bytes_transferred_sum
+    kv_expired: float = 0.0  # cumulative, vllm:nixl_num_kv_expired_reqs (prefill side)
+    kv_after_expiry: float = 0.0  # cumulative, vllm:nixl_num_notifications_after_expiry
+
+    @classmethod
+    def parse(cls, text: str) -> Load:
+        return cls(**parse_load(text))
+
+
+def parse_load(text: str) -> dict[str, float]:
+    """Sum the load and NIXL series of a vLLM /metrics page, by ``Load`` field."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        field = LOAD_SERIES.get(name)
+        if field:
+            with contextlib.suppress(ValueError, IndexError):
+                out[field] = out.get(field, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+class Probe(enum.Enum):
+    OK = "ok"
+    DOWN = "down"  # refused, reset, or answered with an error
+    TIMEOUT = "timeout"
+
+
+def exit_reason(code: int) -> str:
+    """``process exited with status -4 (SIGILL)``: a signal's name where there is one."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"process exited with status {code} ({signal.Signals(-code).name})"
+    return f"process exited with status {code}"
+
+
+@dataclass(frozen=True)
+class SweepVerdict:
+    failed: tuple[bool, ...]  # per probe: counts as a failed health check
+    ready: int  # ready instances probed
+    uncounted: int  # their timeouts not counted (most of them timed out at once)
+
+    @property
+    def overloaded(self) -> bool:
+        return self.uncounted > 0
+
+
+def count_failures(sweep: Sequence[tuple[bool, Probe]]) -> SweepVerdict:
+    """Which probes of one health sweep count against their instance. ``sweep`` holds
+    ``(starting, result)`` per probed instance.
+
+    An instance that refuses or answers with an error always counts. A timeout counts unless
+    most ready instances timed out in the same sweep: engines do not all hang at once, but a
+    controller starved of CPU sees every probe time out -- failing the whole fleet then would
+    turn an overload into an outage. Starting instances never count (the start timeout
+    covers them)."""
+    ready = [r for starting, r in sweep if not starting]
+    timeouts = sum(r is Probe.TIMEOUT for r in ready)
+    starved = timeouts >= OVERLOAD_MIN and timeouts * 2 > len(ready)
+    return SweepVerdict(
+        tuple(not starting and (r is Probe.DOWN or (r is Probe.TIMEOUT and not starved))
+              for starting, r in sweep),
+        len(ready), timeouts if starved else 0)
+
+
+def launched(inst: Instance) -> Launched:
+    assert isinstance(inst.handle, Launched)
+    return inst.handle
+
+
+class Observer:
+    """Asks the launcher and the engines; returns what it saw."""
+
+    def __init__(self, launcher: Launcher, client: httpx.AsyncClient, health_timeout_s: float
+                 ) -> None:
+        self.launcher = launcher
+        self.client = client
+        self.health_timeout_s = health_timeout_s
+
+    def exits(self, instances: Iterable[Instance]) -> dict[str, int]:
+        """Exit statuses of the instances whose processes have ended."""
+        out = {}
+        for inst in instances:
+            code = self.launcher.exit_code(launched(inst))
+            if code is not None:
+                out[inst.id] = code
+        return out
+
+    async def probe(self, instances: Sequence[Instance]) -> list[Probe]:
+        return list(await asyncio.gather(*(self._probe(i) for i in instances)))
+
+    async def _probe(self, inst: Instance) -> Probe:
+        try:
+            r = await self.client.get(f"{inst.url}/health", timeout=self.health_timeout_s)
+        except httpx.TimeoutException:
+            return Probe.TIMEOUT
+        except httpx.HTTPError:
+            return Probe.DOWN
+        return Probe.OK if r.status_code == 200 else Probe.DOWN
+
+    async def poll(self, instances: Sequence[Instance]) -> dict[str, Load]:
+        """The parsed /metrics of each instance that answered."""
+        texts = await asyncio.gather(*(self._metrics(i) for i in instances))
+        return {i.id: Load.parse(t) for i, t in zip(instances, texts, strict=True)
+                if t is not None}
+
+    async def _metrics(self, inst: Instance) -> str | None:
+        try:
+            r = await self.client.get(f"{inst.url}/metrics", timeout=METRICS_TIMEOUT_S)
+            return r.text if r.status_code == 200 else None
+        except httpx.HTTPError:
+            return None
+
+    async def close(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,158 @@
+"""The instance registry: the one writer of every ``Instance``.
+
+Instances enter here when launched and leave when purged; every lifecycle transition goes
+through ``transition`` and lands in the audit log; what the observer saw (health, load) is
+applied here. Readers get instances and the ready members of each pool; the routing table is
+told whenever a pool's ready members change.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from controller.fleet.observer import Load
+from controller.models import Instance, InstanceState, Role
+from controller.store import Store
+
+log = logging.getLogger("pdctl.fleet")
+
+RETAIN_TERMINAL_S = 600.0  # failed/stopped instances stay visible this long
+Members = Callable[[Role, list[Instance]], None]
+
+
+class Registry:
+    def __init__(self, store: Store, clock: Callable[[], float],
+                 on_members: Members | None = None) -> None:
+        self.store = store
+        self.clock = clock
+        self._instances: dict[str, Instance] = {}
+        self._ready: dict[Role, list[Instance]] = {r: [] for r in Role}
+        self._stopping: set[str] = set()
+        self._on_members = on_members
+
+    # ---- reading -----------------------------------------------------------------------
+
+    def get(self, instance_id: str) -> Instance | None:
+        return self._instances.get(instance_id)
+
+    def __iter__(self) -> Iterator[Instance]:
+        return iter(list(self._instances.values()))
+
+    def __len__(self) -> int:
+        return len(self._instances)
+
+    def ready(self, role: Role) -> list[Instance]:
+        return self._ready[role]
+
+    def stopping(self, inst: Instance) -> bool:
+        return inst.id in self._stopping
+
+    def live(self) -> list[Instance]:
+        """Neither terminal nor being stopped: what the planner and the observer look at."""
+        return [i for i in self._instances.values()
+                if not i.state.terminal and i.id not in self._stopping]
+
+    def serving(self) -> list[Instance]:
+        return [i for i in self._instances.values()
+                if i.state in (InstanceState.READY, InstanceState.DRAINING)]
+
+    def used_slots(self) -> frozenset[int]:
+        return frozenset(s for i in self._instances.values()
+                         if i.state.holds_accelerators or i.id in self._stopping
+                         for s in i.slots)
+
+    def used_accelerators(self) -> int:
+        """Distinct accelerators that hold at least one instance."""
+        return len({a for i in self._instances.values()
+                    if i.state.holds_accelerators for a in i.accelerators})
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    def add(self, inst: Instance, reason: str, actor: str = "reconciler") -> None:
+        self._instances[inst.id] = inst
+        self.store.record(actor, "instance.starting", inst.id, None,
+                          {"role": inst.role.value, "tp": inst.tp, "url": inst.url,
+                           "accelerators": list(inst.accelerators)}, reason)
+
+    def transition(self, inst: Instance, state: InstanceState, actor: str, detail: str
+                   ) -> None:
+        before = inst.state
+        inst.state = state
+        self.store.record(actor, f"instance.{state.value}", inst.id, before.value, state.value,
+                          detail)
+        log.info("%s %s -> %s (%s)", inst.id, before.value, state.value, detail)
+        self._refresh(inst.role)
+
+    def mark_ready(self, inst: Instance) -> None:
+        now = self.clock()
+        inst.ready_at = now
+        self.transition(inst, InstanceState.READY, "controller",
+                        f"healthy after {now - inst.created_at:.1f} s")
+
+    def drain(self, inst: Instance, why: str, actor: str = "reconciler") -> None:
+        inst.drain_started_at = self.clock()
+        self.transition(inst, InstanceState.DRAINING, actor, why)
+
+    def fail(self, inst: Instance, why: str) -> bool:
+        """Mark ``inst`` failed; True when it was in service (ready or draining)."""
+        in_service = inst.state in (InstanceState.READY, InstanceState.DRAINING)
+        inst.last_error = why
+        inst.ended_at = self.clock()
+        self.transition(inst, InstanceState.FAILED, "controller", why)
+        return in_service
+
+    def begin_stop(self, inst: Instance) -> None:
+        self._stopping.add(inst.id)
+
+    def end_stop(self, inst: Instance, final_state: InstanceState | None, why: str) -> None:
+        self._stopping.discard(inst.id)
+        inst.ended_at = self.clock()
+        if final_state is not None:
+            self.transition(inst, final_state, "reconciler", why)
+
+    def purge(self) -> list[str]:
+        """Forget terminal instances older than ``RETAIN_TERMINAL_S``; their ids."""
+        now = self.clock()
+        gone = [i.id for i in self._instances.values()
+                if i.state.terminal and now - (i.ended_at or now) > RETAIN_TERMINAL_S]
+        for iid in gone:
+            del self._instances[iid]
+        return gone
+
+    # ---- what the observer and the router saw --------------------------------------------
+
+    def healthy(self, inst: Instance) -> None:
+        inst.health_failures = 0
+
+    def unhealthy(self, inst: Instance) -> int:
+        """Count a failed health check; the instance's failures in a row."""
+        inst.health_failures += 1
+        return inst.health_failures
+
+    def unreachable(self, inst: Instance, error: str) -> None:
+        if not inst.state.terminal:  # a failed instance keeps the reason it failed for
+            inst.last_error = error
+
+    def apply_load(self, inst: Instance, load: Load) -> None:
+        """An engine's /metrics, with the mean NIXL transfer time of the transfers completed
+        since the previous poll."""
+        inst.running, inst.waiting, inst.kv_usage = load.running, load.waiting, load.kv_usage
+        if load.nixl_xfers > inst.nixl_xfers:
+            seconds = load.nixl_xfer_s - inst.nixl_xfer_s
+            inst.recent_xfer_ms = max(0.0, seconds / (load.nixl_xfers - inst.nixl_xfers) * 1e3)
+        inst.nixl_xfers, inst.nixl_xfer_s = load.nixl_xfers, load.nixl_xfer_s
+        inst.nixl_bytes = load.nixl_bytes
+        inst.kv_expired, inst.kv_after_expiry = load.kv_expired, load.kv_after_expiry
+
+    def _refresh(self, role: Role) -> None:
+        members = sorted((i for i in self._instances.values()
+                          if i.role is role and i.state.routable), key=lambda i: i.id)
+        self._ready[role] = members
+        if self._on_members is not None:
+            self._on_members(role, members)
+
+    def counts(self, role: Role) -> dict[str, Any]:
+        mine = [i for i in self._instances.values() if i.role is role]
+        return {s.value: sum(1 for i in mine if i.state is s) for s in InstanceState}

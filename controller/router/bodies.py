@@ -1,0 +1,76 @@
+"""The engine-facing bodies of the two hops and of a KV release, and the client body they
+are made from. Engine-internal fields (``kv_transfer_params``) are set here and nowhere
+else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from controller.errors import BadRequest
+from controller.router.upstream import Reply
+
+NULL_KV_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False,
+                  "remote_engine_id": None, "remote_block_ids": None,
+                  "remote_host": None, "remote_port": None}
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except ValueError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
+    out = dict(body)
+    out["stream"] = False
+    out.pop("stream_options", None)
+    out["max_tokens"] = 1
+    if "max_completion_tokens" in out:
+        out["max_completion_tokens"] = 1
+    out["kv_transfer_params"] = dict(NULL_KV_PARAMS)
+    return out
+
+
+def decode_body(body: dict[str, Any], kv_params: dict[str, Any] | None) -> tuple[dict[str, Any],
+                                                                                bool]:
+    """The decode hop's body, and whether the router added a usage chunk to a stream.
+
+    A streaming hop always asks for ``include_usage``: vLLM puts the request's usage and
+    per-request ``metrics`` in that final chunk, which accounting needs. When the client did
+    not ask for it, the relay drops that chunk again.
+    """
+    out = body if kv_params is None else {**body, "kv_transfer_params": kv_params}
+    if not body.get("stream"):
+        return out, False
+    opts = body.get("stream_options")
+    if isinstance(opts, dict) and opts.get("include_usage"):
+        return out, False
+    extra = opts if isinstance(opts, dict) else {}
+    return {**out, "stream_options": {**extra, "include_usage": True}}, True
+
+
+def release_body(model: str, kv_params: dict[str, Any]) -> dict[str, Any]:
+    """A decode-engine request that carries a KV handle and that vLLM's serving layer rejects
+    (``max_tokens`` below 1): vLLM then tells the prefill engine to free the handle's blocks
+    (``notify_kv_transfer_request_rejected``), reading nothing."""
+    return {"model": model, "prompt": [0], "max_tokens": -1, "stream": False,
+            "kv_transfer_params": kv_params}
+
+
+def prefill_answer(reply: Reply) -> dict[str, Any] | None:
+    """A successful prefill answer, parsed, when it carries ``kv_transfer_params`` (a dict);
+    else None."""
+    if reply.status != 200:
+        return None
+    try:
+        data = orjson.loads(reply.body)
+    except ValueError:
+        return None
+    ok = isinstance(data, dict) and isinstance(data.get("kv_transfer_params"), dict)
+    return data if ok else None

@@ -1,0 +1,62 @@
+"""One client request while the router serves it (``Ctx``), its id, and the prefill's answer
+that the decode hop carries on (``PrefillDone``)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.models import Instance, RequestPath
+from controller.router.accounting import EngineTimes
+from controller.router.table import Lease
+
+_ID_PREFIX = f"pdctl-{os.urandom(6).hex()}-"
+_ID_SEQ = itertools.count(1)
+
+
+def new_request_id() -> str:
+    """Unique per controller run (random prefix) and cheap: one per client request."""
+    return f"{_ID_PREFIX}{next(_ID_SEQ)}"
+
+
+@dataclass
+class Ctx:
+    """Everything known about one client request while it is served. Written by the proxy
+    only; ``Proxy.serve`` turns it into the request's record once, when it ends."""
+
+    rid: str
+    endpoint: str
+    body: dict[str, Any]
+    stream: bool
+    prompt_tokens: int
+    t0: float  # perf_counter at arrival
+    started_at: float  # unix time at arrival
+    path: RequestPath = RequestPath.COLOCATED
+    prefill: Instance | None = None
+    prefill_times: EngineTimes | None = None
+    prefill_wall_ms: float = 0.0
+    decode: Instance | None = None
+    decode_lease: Lease | None = None  # ``decode`` counts this request in flight
+    decode_sent: float = 0.0
+    kv_handle: str | None = None  # the prefill's request id, once a decode hop carried it
+    first_at: float | None = None
+    routed: bool = False  # the first hop has been sent (routing decision observed)
+    retries: int = 0
+    reached_failures: int = 0  # failed attempts that may have reached an engine
+    failed_decodes: set[str] = field(default_factory=set)  # failed after reaching them
+    errors: list[str] = field(default_factory=list)
+    strip_usage: bool = False  # the router asked for a usage chunk the client did not
+
+
+@dataclass
+class PrefillDone:
+    instance: Instance
+    kv_params: dict[str, Any]
+    answered_at: float  # router clock when the answer arrived: the lease runs from about then
+
+    @property
+    def handle(self) -> str | None:
+        rid = self.kv_params.get("remote_request_id")
+        return rid if isinstance(rid, str) else None

@@ -1,0 +1,150 @@
+"""The routing table, owned by the router: live routing settings, each role's policy, the
+ready candidates, requests in flight per instance, and instances the router could not reach.
+
+Every reader of a live routing setting reads ``table.settings``: a ``PATCH /routing`` takes
+effect for the next request. In-flight counts change only through a ``Lease``, which ends
+exactly once however the request ends (a draining instance stops when its count is zero).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from controller.config import RoutingSettings
+from controller.errors import InvalidChange
+from controller.models import Instance, Role
+from controller.router.policies import Policy, make_policy
+from controller.store import Store
+
+SUSPECT_S = 2.0  # an instance the router could not reach gets no new request this long
+Unreachable = Callable[[Instance, str], None]
+
+
+class Lease:
+    """One request counted in one instance's in-flight requests until ``release`` (or the end
+    of a ``with`` block); releasing twice is harmless."""
+
+    __slots__ = ("instance", "_counts", "_held")
+
+    def __init__(self, counts: dict[str, int], instance: Instance) -> None:
+        self.instance = instance
+        self._counts = counts
+        self._held = True
+        counts[instance.id] = counts.get(instance.id, 0) + 1
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            iid = self.instance.id
+            left = self._counts[iid] - 1
+            if left:
+                self._counts[iid] = left
+            else:
+                del self._counts[iid]
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
+
+
+class RoutingTable:
+    def __init__(self, initial: RoutingSettings, store: Store, clock: Callable[[], float]
+                 ) -> None:
+        self.store = store
+        self.clock = clock
+        self.settings = self._stored(initial)
+        self._policies: dict[Role, Policy] = {}
+        self._ready: dict[Role, list[Instance]] = {r: [] for r in Role}
+        self._inflight: dict[str, int] = {}
+        self._suspect: dict[str, float] = {}
+        self.on_unreachable: Unreachable | None = None  # the fleet's, set when wired
+        self._reset_policies()
+
+    def _stored(self, initial: RoutingSettings) -> RoutingSettings:
+        stored = self.store.get("routing")
+        if stored is not None:
+            with contextlib.suppress(ValueError):
+                return RoutingSettings.model_validate(stored)
+        self.store.put("routing", initial.model_dump())
+        return initial
+
+    def _reset_policies(self) -> None:
+        self._policies = {Role.PREFILL: make_policy(self.settings.prefill_policy),
+                          Role.DECODE: make_policy(self.settings.decode_policy)}
+
+    # ---- live settings ------------------------------------------------------------------
+
+    def update(self, patch: dict[str, Any], actor: str) -> RoutingSettings:
+        """Validate and apply a settings change, persisted and recorded; raises
+        InvalidChange and changes nothing when it is invalid."""
+        if not patch:
+            raise InvalidChange("nothing to change: give at least one routing field")
+        before = self.settings.model_dump()
+        try:
+            new = RoutingSettings.model_validate({**before, **patch})
+        except ValueError as exc:
+            raise InvalidChange(str(exc)) from None
+        self.settings = new
+        self.store.put("routing", new.model_dump())
+        changed = {k: v for k, v in new.model_dump().items() if before.get(k) != v}
+        self.store.record(actor, "routing.update", "routing",
+                          {k: before[k] for k in changed}, changed)
+        if {"prefill_policy", "decode_policy"} & changed.keys():
+            self._reset_policies()
+        return new
+
+    # ---- candidates ---------------------------------------------------------------------
+
+    def set_members(self, role: Role, members: list[Instance]) -> None:
+        """The registry's ready instances of ``role`` (sorted by id)."""
+        self._ready[role] = members
+
+    def ready(self, role: Role) -> list[Instance]:
+        return self._ready[role]
+
+    def pick(self, role: Role, exclude: set[str]) -> Instance | None:
+        """An instance of ``role`` for the next request, by the role's policy: one the router
+        reached lately if there is one."""
+        pool = self._ready[role]
+        if self._suspect:
+            now = self.clock()
+            candidates = [i for i in pool if i.id not in exclude
+                          and self._suspect.get(i.id, 0.0) <= now]
+            if not candidates:
+                candidates = [i for i in pool if i.id not in exclude]
+        elif exclude:
+            candidates = [i for i in pool if i.id not in exclude]
+        else:
+            candidates = pool
+        if not candidates:
+            return None
+        return self._policies[role].choose(candidates, self._inflight)
+
+    def report_unreachable(self, inst: Instance, error: str) -> None:
+        """The router could not reach ``inst``: avoid it briefly; the fleet checks it soon."""
+        now = self.clock()
+        self._suspect = {k: t for k, t in self._suspect.items() if t > now}
+        self._suspect[inst.id] = now + SUSPECT_S
+        if self.on_unreachable is not None:
+            self.on_unreachable(inst, error)
+
+    def suspect(self, instance_id: str) -> bool:
+        return self._suspect.get(instance_id, 0.0) > self.clock()
+
+    # ---- in flight ----------------------------------------------------------------------
+
+    def lease(self, inst: Instance) -> Lease:
+        return Lease(self._inflight, inst)
+
+    def inflight(self, instance_id: str) -> int:
+        return self._inflight.get(instance_id, 0)
