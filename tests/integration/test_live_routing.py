@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -47,5 +46,5 @@ def test_patched_request_timeout_applies_to_the_next_request(ctl: ControllerProc
     assert ctl.api("PATCH", "/routing", {"request_timeout_s": 60}).status_code == 200
     again, _ = complete(ctl, 400)
     assert again.status_code == 200, again.text
-    events = [e for e in ctl.get("/events?kind=routing.update")]
+    events = ctl.get("/events?kind=routing.update")
     assert [e["after"]["request_timeout_s"] for e in events[:2]] == [60.0, 0.3]

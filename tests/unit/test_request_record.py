@@ -13,11 +13,12 @@ COSTS = KvCosts(MODEL, 16, profiles.link("ib-ndr"))
 
 
 def measured(**over: Any) -> Measured:
-    base: dict[str, Any] = dict(
-        rid="r1", endpoint="/v1/completions", stream=True, path=RequestPath.DISAGGREGATED,
-        status="ok", error=None, started_at=1.7e9, t0=10.0, decode_sent=10.050,
-        first_at=10.080, end=10.200, counted_prompt_tokens=90, response=None,
-        prefill_instance="prefill-1", decode_instance="decode-1")
+    base: dict[str, Any] = {
+        "rid": "r1", "endpoint": "/v1/completions", "stream": True,
+        "path": RequestPath.DISAGGREGATED, "status": "ok", "error": None,
+        "started_at": 1.7e9, "t0": 10.0, "decode_sent": 10.050, "first_at": 10.080,
+        "end": 10.200, "counted_prompt_tokens": 90, "response": None,
+        "prefill_instance": "prefill-1", "decode_instance": "decode-1"}
     return Measured(**{**base, **over})
 
 
