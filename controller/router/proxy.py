@@ -385,7 +385,8 @@ class Proxy:
         chunks = resp.chunks().__aiter__()
         timeout = None if first_by is None else max(0.0, first_by - self.clock())
         try:
-            first = await asyncio.wait_for(anext(chunks), timeout)
+            async with asyncio.timeout(timeout):  # no task of its own, unlike wait_for
+                first = await anext(chunks)
         except StopAsyncIteration:
             first = b""
         except TimeoutError:
