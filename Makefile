@@ -43,7 +43,7 @@ prometheus:
 	    --no-install-recommends prometheus; }
 
 lint: $(STAMP)
-	$(BIN)/ruff check controller dashboard tests scripts
+	$(BIN)/ruff check controller dashboard pdctl_api tests scripts
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

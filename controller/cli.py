@@ -7,8 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from controller import client_cli, make_model, serve
-from dashboard import launch as console
+from controller import client_cli, console_launch, make_model, serve
 
 EPILOG = """\
 examples:
@@ -29,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_controller_parser(sub)
     serve.add_engine_sim_parser(sub)
     make_model.add_parser(sub)
-    console.add_dashboard_parser(sub)
+    console_launch.add_dashboard_parser(sub)
     client_cli.add_parsers(sub)
     return p
 

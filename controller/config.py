@@ -19,8 +19,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from controller import profiles
 from controller.cpu_features import CPU_ENGINE_DTYPE
 from controller.errors import ConfigError
+from pdctl_api.schema import PolicyName
 
-PolicyName = Literal["round_robin", "least_loaded"]
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 

@@ -3,44 +3,11 @@ request records."""
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-
-class Role(enum.StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-
-
-class InstanceState(enum.StrEnum):
-    STARTING = "starting"
-    READY = "ready"
-    DRAINING = "draining"
-    STOPPED = "stopped"
-    FAILED = "failed"
-
-    @classmethod
-    def terminal_states(cls) -> frozenset[InstanceState]:
-        return frozenset({cls.STOPPED, cls.FAILED})
-
-    @property
-    def terminal(self) -> bool:
-        return self in self.terminal_states()
-
-    @property
-    def routable(self) -> bool:
-        """Only a ready instance takes new requests."""
-        return self is InstanceState.READY
-
-    @property
-    def holds_accelerators(self) -> bool:
-        return not self.terminal
-
-
-class RequestPath(enum.StrEnum):
-    DISAGGREGATED = "disaggregated"
-    COLOCATED = "colocated"
+# The enums are part of the API contract: defined there, re-exported here.
+from pdctl_api.schema import InstanceState, RequestPath, Role
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Any
 
 import uvicorn
 
+from controller import console_launch as console
 from controller import cpu_features, prometheus
 from controller.api import create_app
 from controller.api.state import AppState
@@ -24,7 +25,6 @@ from controller.launchers.process import spawn, stop_group
 from controller.make_model import is_model_dir, make_model
 from controller.models import InstanceState, Role
 from controller.signals import clean_stop_signals
-from dashboard import launch as console
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 

@@ -1,12 +1,21 @@
-"""What an operator's change will do, decided before it is sent: which changes are disruptive
-(and so need a confirmation) and what the controller will do to converge. Pure functions."""
+"""What an operator's change will do, shown before it is sent: a pool change as the
+controller's own plan for it (the dry run's actions), whether a change is disruptive (and so
+needs a confirmation), a drain, and which routing fields changed. Pure functions: the dry run
+itself is one call of the client."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-Role = Literal["prefill", "decode"]
+from pdctl_api.schema import (
+    ROUTING_FIELDS,
+    InstancePublic,
+    PlannedAction,
+    PoolPlanPublic,
+    Role,
+    RoutingPublic,
+)
 
 
 @dataclass(frozen=True)
@@ -21,53 +30,70 @@ class PendingChange:
     size: int | None = None
     tp: int | None = None
     instance_id: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
-def pool_change(role: Role, size: int, tp: int, new_size: int, new_tp: int
-                ) -> PendingChange | None:
-    """The change from ``size x TP tp`` to ``new_size x TP new_tp``, or None if nothing
-    changes. Scaling down and changing TP are disruptive: instances are drained."""
+@dataclass(frozen=True)
+class PoolRequest:
+    """The fields a pool change sends: only those that differ from the desired state."""
+
+    size: int | None
+    tp: int | None
+
+
+def pool_request(size: int, tp: int, new_size: int, new_tp: int) -> PoolRequest | None:
+    """The change from ``size x TP tp`` to ``new_size x TP new_tp``; None if nothing changes."""
     if (size, tp) == (new_size, new_tp):
         return None
-    effects: list[str] = []
-    if new_size > size:
-        effects.append(f"starts {new_size - size} {role} instance(s) at TP {new_tp}")
-    if new_size < size:
-        effects.append(f"drains {size - new_size} {role} instance(s), least loaded first: "
-                       "they take no new requests and stop when their requests finish")
-    if new_tp != tp:
-        effects.append(f"replaces every {role} instance, one at a time, from TP {tp} to TP "
-                       f"{new_tp}: a new instance must be ready before an old one drains")
-    return PendingChange(
-        kind="pool", title=f"{role} pool: {size} x TP{tp} → {new_size} x TP{new_tp}",
-        effects=tuple(effects), disruptive=new_size < size or new_tp != tp, role=role,
-        size=new_size if new_size != size else None, tp=new_tp if new_tp != tp else None)
+    return PoolRequest(size=new_size if new_size != size else None,
+                       tp=new_tp if new_tp != tp else None)
 
 
-def drain_change(instance: dict[str, Any]) -> PendingChange:
-    load = instance.get("load", {})
+def action_text(a: PlannedAction) -> str:
+    """One planned action, in the controller's words (its ``reason``)."""
+    if a.kind == "start":
+        return f"**start** a {a.role} instance at TP {a.tp} — {a.reason}"
+    if a.kind == "drain":
+        return (f"**drain** {a.instance_id} (no new requests; it stops when its requests "
+                f"finish) — {a.reason}")
+    return f"**stop** {a.instance_id} — {a.reason}"
+
+
+NOTHING_PLANNED = ("the controller plans nothing right now (instances it already started or "
+                   "drained cover the change)")
+
+
+def pool_change(role: Role, size: int, tp: int, plan: PoolPlanPublic) -> PendingChange:
+    """The reviewed change from ``size x TP tp`` to the plan's desired pool, its effects the
+    controller's planned actions. Scaling down and changing TP are disruptive (instances
+    drain), and so is any plan that drains or stops an instance."""
+    new = plan.desired
+    disruptive = (new.size < size or new.tp != tp
+                  or any(a.kind != "start" for a in plan.actions))
     return PendingChange(
-        kind="drain", title=f"drain {instance['id']} ({instance['role']}, {instance['state']}, "
-                            f"TP {instance['tp']})",
-        effects=(f"{instance['id']} takes no new requests; its {load.get('inflight', 0)} "
-                 "in-flight request(s) finish, then it stops",
+        kind="pool", title=f"{role} pool: {size} x TP{tp} → {new.size} x TP{new.tp}",
+        effects=tuple(action_text(a) for a in plan.actions) or (NOTHING_PLANNED,),
+        disruptive=disruptive, role=role,
+        size=new.size if new.size != size else None, tp=new.tp if new.tp != tp else None)
+
+
+def drain_change(instance: InstancePublic) -> PendingChange:
+    i = instance
+    return PendingChange(
+        kind="drain", title=f"drain {i.id} ({i.role}, {i.state}, TP {i.tp})",
+        effects=(f"{i.id} takes no new requests; its {i.load.inflight} in-flight request(s) "
+                 "finish, then it stops",
                  "the controller starts a replacement if the pool falls below its desired "
                  "size"),
-        disruptive=True, instance_id=str(instance["id"]))
+        disruptive=True, instance_id=i.id)
 
 
-ROUTING_FIELDS = ("prefill_policy", "decode_policy", "disagg_min_prompt_tokens",
-                  "transfer_alert_share", "max_attempts", "request_timeout_s")
-
-
-def routing_patch(current: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
+def routing_patch(current: RoutingPublic, wanted: dict[str, Any]) -> dict[str, Any]:
     """Only the routing fields the operator actually changed."""
     patch: dict[str, Any] = {}
     for key in ROUTING_FIELDS:
         if key not in wanted:
             continue
-        new, old = wanted[key], current.get(key)
+        new, old = wanted[key], getattr(current, key)
         if isinstance(new, float) and isinstance(old, int | float):
             if abs(new - float(old)) > 1e-9:
                 patch[key] = new
@@ -76,6 +102,6 @@ def routing_patch(current: dict[str, Any], wanted: dict[str, Any]) -> dict[str, 
     return patch
 
 
-def drainable(instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def drainable(instances: list[InstancePublic]) -> list[InstancePublic]:
     """Instances the controller accepts a drain for (ready or starting)."""
-    return [i for i in instances if i["state"] in ("ready", "starting")]
+    return [i for i in instances if i.state.drainable]

@@ -7,8 +7,10 @@ import altair as alt
 import pandas as pd
 
 from dashboard.frames import PART_LABELS, PATHS
+from pdctl_api.schema import Role
 
 PART_ORDER = list(PART_LABELS.values())
+ROLES = [r.value for r in Role]
 PART_COLORS = ["#9e9e9e", "#4c78a8", "#e45756", "#54a24b", "#d4b9da"]
 PATH_COLORS = ["#4c78a8", "#72b7b2", "#e45756"]
 PART_SCALE = alt.Scale(domain=PART_ORDER, range=PART_COLORS)
@@ -168,7 +170,7 @@ def instance_grid(instances: pd.DataFrame, metric: str = "kv_cache_usage") -> al
         tooltip=["id:N", "role:N", "state:N", "tp:Q", "running:Q", "waiting:Q", "inflight:Q",
                  alt.Tooltip("kv_cache_usage:Q", format=".1%")],
     ).properties(width=alt.Step(26), height=alt.Step(26))
-    return base.facet(row=alt.Row("role:N", sort=["prefill", "decode"], title=None,
+    return base.facet(row=alt.Row("role:N", sort=ROLES, title=None,
                                   header=alt.Header(labelFontSize=13, labelAngle=0,
                                                     labelAlign="left")))
 
@@ -213,7 +215,7 @@ def bandwidth_by_source(bw: pd.DataFrame, ceiling_gbps: float, link: str) -> alt
     return alt.LayerChart(layer=[lines, rule], height=HEIGHT)
 
 
-ROLE_SCALE = alt.Scale(domain=["prefill", "decode"], range=["#4c78a8", "#f58518"])
+ROLE_SCALE = alt.Scale(domain=ROLES, range=["#4c78a8", "#f58518"])
 
 
 def load_lines(load: pd.DataFrame, metric: str) -> alt.Chart:

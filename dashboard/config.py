@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_URL = "http://127.0.0.1:8080"
-DEFAULT_STATE_DIR = Path(".pdctl")
+from pdctl_api.client import DEFAULT_STATE_DIR, DEFAULT_URL, read_token
+
 DEFAULT_REFRESH_S = 2.0
 RECENT_LIMIT = 200  # requests in the Overview's recent-requests chart
 
@@ -45,10 +45,7 @@ class ConsoleConfig:
         """
         if self.env_token:
             return self.env_token, "the PDCTL_TOKEN environment variable"
-        try:
-            return self.token_path.read_text().strip() or None, str(self.token_path)
-        except OSError:
-            return None, str(self.token_path)
+        return read_token(self.state_dir), str(self.token_path)
 
 
 def _script_args(argv: Sequence[str]) -> argparse.Namespace:

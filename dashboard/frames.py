@@ -1,4 +1,5 @@
-"""Controller JSON -> pandas DataFrames, shaped for the chart builders. Pure functions."""
+"""The controller's answers (``pdctl_api.schema`` models) -> pandas DataFrames, shaped for the
+chart builders. Pure functions."""
 
 from __future__ import annotations
 
@@ -11,9 +12,18 @@ from typing import Any
 
 import pandas as pd
 
-Json = dict[str, Any]
+from pdctl_api.schema import (
+    PARTS,
+    ClusterPublic,
+    EventPublic,
+    InstancePublic,
+    InstanceState,
+    RequestPublic,
+    Role,
+    StatsPublic,
+    TimeseriesPublic,
+)
 
-PARTS = ("queue", "prefill", "transfer", "decode_sched", "overhead")
 PART_LABELS = {"queue": "queue", "prefill": "prefill", "transfer": "KV transfer",
                "decode_sched": "decode scheduling", "overhead": "overhead"}
 PERCENTILES = ("p50", "p90", "p99")
@@ -29,21 +39,26 @@ def _when(seconds: Any) -> pd.Series:
     return pd.to_datetime(pd.Series(seconds, dtype="float64"), unit="s", utc=True)
 
 
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
+REQUEST_COLUMNS = ["id", "started_at", "path", "status", "prompt_tokens", "output_tokens",
+                   "kv_bytes", "ttft_ms", *(f"{p}_ms" for p in PARTS), *REQUEST_EXTRAS]
 
 
-def requests_frame(records: list[Json]) -> pd.DataFrame:
+def _request_row(r: RequestPublic) -> tuple[Any, ...]:
+    return (r.id, r.started_at, r.path.value, r.status, r.prompt_tokens, r.output_tokens,
+            r.kv_bytes, r.ttft_ms, r.queue_ms, r.prefill_ms, r.transfer_ms, r.decode_sched_ms,
+            r.overhead_ms, r.prefill_instance or "", r.decode_instance or "",
+            r.kv_handle or "", r.suspect)
+
+
+def requests_frame(records: list[RequestPublic]) -> pd.DataFrame:
     """Recent requests (the API sends newest first), oldest first, with ``seq`` 1..n.
 
-    ``suspect`` (bool) and ``kv_handle`` are False / "" for records of an older controller
-    that does not send them."""
-    cols = ["id", "started_at", "path", "status", "prompt_tokens", "output_tokens",
-            "kv_bytes", "ttft_ms", *(f"{p}_ms" for p in PARTS), *REQUEST_EXTRAS]
-    df = pd.DataFrame(list(reversed(records)), columns=cols)
+    ``suspect`` is False and ``kv_handle`` "" for records of an older controller that does
+    not send them (the model's defaults)."""
+    df = pd.DataFrame([_request_row(r) for r in reversed(records)], columns=REQUEST_COLUMNS)
     for c in ("prefill_instance", "decode_instance", "kv_handle"):
-        df[c] = df[c].map(_text).astype("object")
-    df["suspect"] = df["suspect"].map(lambda v: v is True).astype(bool)
+        df[c] = df[c].astype("object")
+    df["suspect"] = df["suspect"].astype(bool)
     df["started"] = _when(df["started_at"].to_numpy())
     df["seq"] = range(1, len(df) + 1)
     ttft = df["ttft_ms"].astype("float64")
@@ -75,18 +90,16 @@ def parts_long(requests: pd.DataFrame) -> pd.DataFrame:
     return long.reset_index(drop=True)
 
 
-def timeseries_frame(ts: Json) -> pd.DataFrame:
+def timeseries_frame(ts: TimeseriesPublic) -> pd.DataFrame:
     """One row per bucket: time, rates by path, TTFT percentiles, mean parts, KV bandwidth."""
-    step = float(ts.get("step_s") or 1.0)
+    step = ts.step_s or 1.0
     rows = []
-    for b in ts.get("buckets", []):
-        row = {"t": b["t"], "requests": b["requests"], "rate": b["rate"],
-               "disaggregated": b["disaggregated"] / step, "colocated": b["colocated"] / step,
-               "errors": b["errors"] / step, "kv_bytes": b["kv_bytes"],
-               "kv_gb_per_s": b["kv_bytes_per_s"] / 1e9, "transfer_gbps": b["transfer_gbps"]}
-        row.update({f"ttft_{k}": b["ttft_ms"][k] for k in (*PERCENTILES, "mean")})
-        row.update({p: b["parts_mean_ms"][p] for p in PARTS})
-        rows.append(row)
+    for b in ts.buckets:
+        q, m = b.ttft_ms, b.parts_mean_ms
+        rows.append((b.t, b.requests, b.rate, b.disaggregated / step, b.colocated / step,
+                     b.errors / step, b.kv_bytes, b.kv_bytes_per_s / 1e9, b.transfer_gbps,
+                     q.p50, q.p90, q.p99, q.mean,
+                     m.queue, m.prefill, m.transfer, m.decode_sched, m.overhead))
     cols = ["t", "requests", "rate", *PATHS, "kv_bytes", "kv_gb_per_s", "transfer_gbps",
             *(f"ttft_{k}" for k in (*PERCENTILES, "mean")), *PARTS]
     df = pd.DataFrame(rows, columns=cols)
@@ -116,18 +129,18 @@ def ts_rate_long(ts: pd.DataFrame) -> pd.DataFrame:
     return long.reset_index(drop=True)
 
 
-def path_share(stats: Json) -> pd.DataFrame:
+def path_share(stats: StatsPublic) -> pd.DataFrame:
     """Requests in the window by path (ok requests) and errors."""
-    n = int(stats.get("requests", 0))
-    ok = int(stats.get("by_status", {}).get("ok", 0))
-    disagg = round(ok * float(stats.get("disaggregated_share", 0.0)))
+    n, ok = stats.requests, stats.by_status.get("ok", 0)
+    disagg = round(ok * stats.disaggregated_share)
     return pd.DataFrame({"path": list(PATHS), "requests": [disagg, ok - disagg, n - ok]})
 
 
-def components_table(stats: Json) -> pd.DataFrame:
+def components_table(stats: StatsPublic) -> pd.DataFrame:
     """Percentiles of TTFT and of each part over the window (ms)."""
-    rows = [{"part": "TTFT", **stats["ttft_ms"]}]
-    rows += [{"part": PART_LABELS[p], **stats["components_ms"][p]} for p in PARTS]
+    rows = [{"part": "TTFT", **stats.ttft_ms.model_dump()}]
+    rows += [{"part": PART_LABELS[p], **stats.components_ms.part(p).model_dump()}
+             for p in PARTS]
     return pd.DataFrame(rows, columns=["part", "p50", "p90", "p99", "mean", "max"])
 
 
@@ -139,14 +152,12 @@ def _natural(instance_id: str) -> tuple[str, int]:
 GRID_COLUMNS = 20
 
 
-def instances_frame(instances: Iterable[Json]) -> pd.DataFrame:
+def instances_frame(instances: Iterable[InstancePublic]) -> pd.DataFrame:
     """Every instance with role, state, TP and load, sorted by role then id; ``col``/``row``
     place it on a grid of ``GRID_COLUMNS`` cells per row within its role."""
-    rows = [{"id": i["id"], "role": i["role"], "state": i["state"], "tp": i["tp"],
-             "running": float(i["load"]["running"]), "waiting": float(i["load"]["waiting"]),
-             "inflight": int(i["load"]["inflight"]),
-             "kv_cache_usage": float(i["load"]["kv_cache_usage"]), "url": i["url"],
-             "last_error": i.get("last_error") or ""} for i in instances]
+    rows = [(i.id, i.role.value, i.state.value, i.tp, i.load.running, i.load.waiting,
+             i.load.inflight, i.load.kv_cache_usage, i.url, i.last_error or "")
+            for i in instances]
     cols = ["id", "role", "state", "tp", "running", "waiting", "inflight", "kv_cache_usage",
             "url", "last_error"]
     df = pd.DataFrame(rows, columns=cols)
@@ -161,49 +172,41 @@ def instances_frame(instances: Iterable[Json]) -> pd.DataFrame:
 LEASE_COUNTERS = ("kv_expired_requests", "notifications_after_expiry")
 
 
-def lease_frame(instances: Iterable[Json]) -> pd.DataFrame:
+def lease_frame(instances: Iterable[InstancePublic]) -> pd.DataFrame:
     """Per prefill instance, its engine's cumulative KV lease counters (``nixl``
     ``kv_expired_requests``, ``notifications_after_expiry``), sorted by id. NaN where the
     controller does not report them (older than the fields)."""
-    rows = []
-    for i in instances:
-        if i.get("role") != "prefill":
-            continue
-        raw = i.get("nixl")
-        nixl: Json = raw if isinstance(raw, dict) else {}
-        rows.append({"id": i["id"], "state": i.get("state", ""),
-                     **{c: _float_or_nan(nixl.get(c)) for c in LEASE_COUNTERS},
-                     "transfers": _float_or_nan(nixl.get("transfers"))})
+    rows = [(i.id, i.state.value, _nan(i.nixl.kv_expired_requests),
+             _nan(i.nixl.notifications_after_expiry), i.nixl.transfers)
+            for i in instances if i.role is Role.PREFILL]
     df = pd.DataFrame(rows, columns=["id", "state", *LEASE_COUNTERS, "transfers"])
     df = df.astype(dict.fromkeys((*LEASE_COUNTERS, "transfers"), "float64"))
     return df.sort_values("id", key=lambda s: s.map(_natural)).reset_index(drop=True)
 
 
-def _float_or_nan(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return math.nan
-    return float(value)
+def _nan(value: float | None) -> float:
+    return math.nan if value is None else value
 
 
-def pool_summary(cluster: Json) -> pd.DataFrame:
+def pool_summary(cluster: ClusterPublic) -> pd.DataFrame:
     """Per pool: desired and actual sizes, and utilization of its ready instances (the same
     figures as ``/api/v1/stats`` ``pools``, computed from the instance list already fetched)."""
     rows = []
-    for role in ("prefill", "decode"):
-        pool = cluster["pools"][role]
-        ready = [i for i in cluster["instances"] if i["role"] == role and i["state"] == "ready"]
-        n = len(ready)
-        load = [i["load"] for i in ready]
+    for role in Role:
+        pool = cluster.pools[role]
+        load = [i.load for i in cluster.instances
+                if i.role is role and i.state is InstanceState.READY]
+        n = len(load)
         rows.append({
-            "role": role, "desired_size": pool["desired"]["size"], "tp": pool["desired"]["tp"],
-            "ready": pool["actual"]["ready"], "starting": pool["actual"]["starting"],
-            "draining": pool["actual"]["draining"],
-            "ready_at_desired_tp": pool["actual"]["ready_at_desired_tp"],
-            "converged": bool(pool["converged"]),
-            "running": sum(float(x["running"]) for x in load),
-            "waiting": sum(float(x["waiting"]) for x in load),
-            "busy_share": sum(1 for x in load if x["inflight"] or x["running"]) / n if n else 0.0,
-            "kv_cache_usage_mean": sum(float(x["kv_cache_usage"]) for x in load) / n if n else 0.0,
+            "role": role.value, "desired_size": pool.desired.size, "tp": pool.desired.tp,
+            "ready": pool.actual.ready, "starting": pool.actual.starting,
+            "draining": pool.actual.draining,
+            "ready_at_desired_tp": pool.actual.ready_at_desired_tp,
+            "converged": pool.converged,
+            "running": sum(x.running for x in load),
+            "waiting": sum(x.waiting for x in load),
+            "busy_share": sum(1 for x in load if x.inflight or x.running) / n if n else 0.0,
+            "kv_cache_usage_mean": sum(x.kv_cache_usage for x in load) / n if n else 0.0,
         })
     return pd.DataFrame(rows)
 
@@ -214,9 +217,10 @@ def _compact(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
 
-def events_frame(events: list[Json]) -> pd.DataFrame:
+def events_frame(events: list[EventPublic]) -> pd.DataFrame:
     cols = ["id", "ts", "actor", "kind", "target", "before", "after", "detail"]
-    df = pd.DataFrame(events, columns=cols)
+    df = pd.DataFrame([(e.id, e.ts, e.actor, e.kind, e.target, e.before, e.after, e.detail)
+                       for e in events], columns=cols)
     # Local wall-clock time for the table (charts keep UTC and let the browser localise).
     df["when"] = _when(df["ts"].to_numpy()).dt.tz_convert(_LOCAL).dt.tz_localize(None)
     for c in ("before", "after", "detail"):

@@ -14,9 +14,18 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import frames, integrity
-from dashboard.client import ApiError, ControllerClient, Json
+from dashboard.client import ApiError, ControllerClient
 from dashboard.config import RECENT_LIMIT, ConsoleConfig, current_config, step_for
 from dashboard.prom import PromClient, PromError, Result, Window, fetch
+from pdctl_api.schema import (
+    AdvisorPublic,
+    ClusterPublic,
+    EventPublic,
+    RequestPublic,
+    StatsPublic,
+    TimeseriesPublic,
+    TransferShare,
+)
 
 # Tests put a fake client / config here (``AppTest.session_state``) instead of a real one.
 CLIENT_KEY = "pdctl_client"
@@ -49,61 +58,63 @@ def client() -> ControllerClient:
 # ---- cached reads: keyed by the client's cache_key, shared by every card and session -----
 
 @st.cache_data(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
-def _cluster(key: str, _c: ControllerClient) -> Json:
+def _cluster(key: str, _c: ControllerClient) -> ClusterPublic:
     return _c.cluster()
 
 
 @st.cache_data(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
-def _stats(key: str, window_s: float, _c: ControllerClient) -> Json:
+def _stats(key: str, window_s: float, _c: ControllerClient) -> StatsPublic:
     return _c.stats(window_s)
 
 
 @st.cache_data(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
-def _timeseries(key: str, window_s: float, step_s: float, _c: ControllerClient) -> Json:
+def _timeseries(key: str, window_s: float, step_s: float, _c: ControllerClient
+                ) -> TimeseriesPublic:
     return _c.timeseries(window_s, step_s)
 
 
 @st.cache_data(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
-def _requests(key: str, limit: int, _c: ControllerClient) -> list[Json]:
+def _requests(key: str, limit: int, _c: ControllerClient) -> list[RequestPublic]:
     return _c.requests(limit)
 
 
 @st.cache_data(ttl=5.0, max_entries=16, show_spinner=False)
-def _advisor(key: str, _c: ControllerClient) -> Json:
+def _advisor(key: str, _c: ControllerClient) -> AdvisorPublic:
     return _c.advisor()
 
 
 @st.cache_data(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
-def _events(key: str, limit: int, kind: str | None, _c: ControllerClient) -> list[Json]:
+def _events(key: str, limit: int, kind: str | None, _c: ControllerClient
+            ) -> list[EventPublic]:
     return _c.events(limit, kind)
 
 
-def cluster() -> Json:
+def cluster() -> ClusterPublic:
     c = client()
     return _cluster(c.cache_key, c)
 
 
-def stats(window_s: float) -> Json:
+def stats(window_s: float) -> StatsPublic:
     c = client()
     return _stats(c.cache_key, window_s, c)
 
 
-def timeseries(window_s: float) -> Json:
+def timeseries(window_s: float) -> TimeseriesPublic:
     c = client()
     return _timeseries(c.cache_key, window_s, step_for(window_s), c)
 
 
-def recent_requests(limit: int = RECENT_LIMIT) -> list[Json]:
+def recent_requests(limit: int = RECENT_LIMIT) -> list[RequestPublic]:
     c = client()
     return _requests(c.cache_key, limit, c)
 
 
-def advisor() -> Json:
+def advisor() -> AdvisorPublic:
     c = client()
     return _advisor(c.cache_key, c)
 
 
-def events(limit: int, kind: str | None) -> list[Json]:
+def events(limit: int, kind: str | None) -> list[EventPublic]:
     c = client()
     return _events(c.cache_key, limit, kind, c)
 
@@ -234,19 +245,19 @@ def connection_banner() -> None:
         st.rerun()
 
 
-def transfer_alert(share: dict[str, Any]) -> None:
-    if share["alert"]:
-        st.error(f"**KV transfer is {share['p50']:.0%} of TTFT** (median over disaggregated "
-                 f"requests), above the alert share of {share['alert_share']:.0%}. The link "
+def transfer_alert(share: TransferShare) -> None:
+    if share.alert:
+        st.error(f"**KV transfer is {share.p50:.0%} of TTFT** (median over disaggregated "
+                 f"requests), above the alert share of {share.alert_share:.0%}. The link "
                  "is slowing first tokens: check the KV link, or raise "
                  "`disagg_min_prompt_tokens` so short prompts stay colocated.",
                  icon=":material/warning:")
 
 
-def kv_integrity_alerts(stats: Json, window_s: float) -> None:
+def kv_integrity_alerts(stats: StatsPublic, window_s: float) -> None:
     """Red while reads of freed KV blocks are recent (output may be wrong); a quieter warning
     when leases ran out in the window. Nothing from a controller without ``kv_integrity``."""
-    k = integrity.KvIntegrity.from_stats(stats)
+    k = stats.kv_integrity
     if k is None:
         return
     if text := integrity.alert_text(k, window_s):
@@ -255,7 +266,7 @@ def kv_integrity_alerts(stats: Json, window_s: float) -> None:
         st.warning(text, icon=":material/hourglass_bottom:")
 
 
-def quarantine_alerts(cluster: Json, where: str = "") -> None:
+def quarantine_alerts(cluster: ClusterPublic, where: str = "") -> None:
     """An error per quarantined pool; ``where`` is appended (e.g. a pointer to a page)."""
     for role, q in integrity.quarantined(cluster).items():
         st.error(integrity.quarantine_text(role, q) + where, icon=":material/block:")

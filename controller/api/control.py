@@ -1,4 +1,9 @@
-"""Control plane routes (``/api/v1/*``): token auth, ``{"detail": ...}`` errors."""
+"""Control plane routes (``/api/v1/*``): token auth, ``{"detail": ...}`` errors, and every
+answer declared as its ``pdctl_api.schema`` model (``response_model``, also in /openapi.json).
+
+Each route builds its model from what the controller objects return (``*.public()``,
+``pool_view``, ``stats`` ...) in one obvious place, so that they can later produce the models
+themselves."""
 
 from __future__ import annotations
 
@@ -7,15 +12,32 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 
 from controller import advisor, profiles
 from controller.api.state import AppState, app_state
-from controller.config import PolicyName
 from controller.errors import InvalidChange, NotFound, Unauthorized
 from controller.models import Instance, InstanceState, Role
+from controller.reconciler import Action, Drain, Start
 from controller.requests_log import stats, timeseries
+from pdctl_api.schema import (
+    AdvisorPublic,
+    ClusterPublic,
+    ErrorPublic,
+    EventPublic,
+    InstanceLogPublic,
+    InstancePublic,
+    PlannedAction,
+    PoolPlanPublic,
+    PoolPublic,
+    PoolSize,
+    PoolUpdate,
+    RequestPublic,
+    RoutingPublic,
+    RoutingUpdate,
+    StatsPublic,
+    TimeseriesPublic,
+)
 
 
 def require_token(request: Request) -> None:
@@ -26,39 +48,40 @@ def require_token(request: Request) -> None:
         raise Unauthorized("missing or invalid bearer token (see STATE_DIR/token)")
 
 
-router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token)])
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorPublic, "description": "missing or invalid bearer token"},
+    404: {"model": ErrorPublic, "description": "no such instance"},
+    422: {"model": ErrorPublic, "description": "refused: the reason, nothing was changed"},
+}
+router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token)], responses=ERRORS)
 State = Annotated[AppState, Depends(app_state)]
 
 
-class PoolUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    size: int | None = Field(None, ge=0, le=10_000)
-    tp: int | None = Field(None, ge=1, le=1024)
+def instance_view(st: AppState, inst: Instance) -> InstancePublic:
+    return InstancePublic.model_validate(inst.public(st.table.inflight(inst.id)))
 
 
-class RoutingUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    disagg_min_prompt_tokens: int | None = Field(None, ge=0)
-    transfer_alert_share: float | None = Field(None, gt=0, le=1)
-    prefill_policy: PolicyName | None = None
-    decode_policy: PolicyName | None = None
-    max_attempts: int | None = Field(None, ge=1, le=10)
-    request_timeout_s: float | None = Field(None, gt=0)
+def pool_view(st: AppState, role: Role) -> PoolPublic:
+    return PoolPublic.model_validate(st.fleet.pool_view(role))
 
 
-def instance_view(st: AppState, inst: Instance) -> dict[str, Any]:
-    return inst.public(st.table.inflight(inst.id))
+def planned(action: Action) -> PlannedAction:
+    """A reconciler action as the API shows it."""
+    if isinstance(action, Start):
+        return PlannedAction(kind="start", role=action.role, tp=action.tp, reason=action.reason)
+    kind = "drain" if isinstance(action, Drain) else "stop"
+    return PlannedAction(kind=kind, instance_id=action.instance_id, reason=action.reason)
 
 
 def actor(request: Request) -> str:
     return request.headers.get("x-pdctl-actor", "api")
 
 
-@router.get("/cluster")
-def get_cluster(st: State) -> dict[str, Any]:
+@router.get("/cluster", response_model=ClusterPublic)
+def get_cluster(st: State) -> ClusterPublic:
     s, f = st.settings, st.fleet
     m = s.model_profile
-    return {
+    return ClusterPublic.model_validate({
         "model": {"name": s.model.name, "served_name": s.model.public_name,
                   "params": m.params, "layers": m.layers, "heads": m.heads,
                   "kv_heads": m.kv_heads, "head_dim": m.head_dim,
@@ -69,67 +92,78 @@ def get_cluster(st: State) -> dict[str, Any]:
                      "total_accelerators": s.hardware.total_accelerators,
                      "used_accelerators": f.registry.used_accelerators(),
                      "kv_link": s.hardware.kv_link},
-        "pools": {r.value: f.pool_view(r) for r in Role},
+        "pools": {r: pool_view(st, r) for r in Role},
         "routing": st.table.settings.model_dump(),
         "instances": [instance_view(st, i) for i in f.registry],
-    }
+    })
 
 
-@router.patch("/pools/{role}")
-def patch_pool(role: Role, body: PoolUpdate, st: State, request: Request) -> dict[str, Any]:
+@router.patch("/pools/{role}", response_model=PoolPublic | PoolPlanPublic)
+def patch_pool(role: Role, body: PoolUpdate, st: State, request: Request,
+               dry_run: Annotated[bool, Query(description=(
+                   "validate the change exactly like the real one, change nothing, and "
+                   "answer the actions the next reconcile step would take"))] = False
+               ) -> PoolPublic | PoolPlanPublic:
+    if dry_run:
+        actions = st.fleet.preview_pool(role, body.size, body.tp)
+        now = st.fleet.targets[role]
+        return PoolPlanPublic(
+            role=role, desired=PoolSize(size=now.size if body.size is None else body.size,
+                                        tp=now.tp if body.tp is None else body.tp),
+            actions=[planned(a) for a in actions])
     st.fleet.set_pool(role, body.size, body.tp, actor(request))
-    return st.fleet.pool_view(role)
+    return pool_view(st, role)
 
 
-@router.get("/pools/{role}")
-def get_pool(role: Role, st: State) -> dict[str, Any]:
-    return st.fleet.pool_view(role)
+@router.get("/pools/{role}", response_model=PoolPublic)
+def get_pool(role: Role, st: State) -> PoolPublic:
+    return pool_view(st, role)
 
 
-@router.get("/instances")
+@router.get("/instances", response_model=list[InstancePublic])
 def list_instances(st: State, role: Role | None = None,
-                   state: InstanceState | None = None) -> list[dict[str, Any]]:
+                   state: InstanceState | None = None) -> list[InstancePublic]:
     return [instance_view(st, i) for i in st.fleet.registry
             if (role is None or i.role is role) and (state is None or i.state is state)]
 
 
-@router.get("/instances/{instance_id}")
-def get_instance(instance_id: str, st: State) -> dict[str, Any]:
+@router.get("/instances/{instance_id}", response_model=InstancePublic)
+def get_instance(instance_id: str, st: State) -> InstancePublic:
     inst = st.fleet.registry.get(instance_id)
     if inst is None:
         raise NotFound(f"no instance {instance_id!r}")
     return instance_view(st, inst)
 
 
-@router.get("/instances/{instance_id}/log")
+@router.get("/instances/{instance_id}/log", response_model=InstanceLogPublic)
 def instance_log(instance_id: str, st: State,
-                 lines: Annotated[int, Query(ge=1, le=5000)] = 100) -> dict[str, Any]:
+                 lines: Annotated[int, Query(ge=1, le=5000)] = 100) -> InstanceLogPublic:
     inst = st.fleet.registry.get(instance_id)
     if inst is None:
         raise NotFound(f"no instance {instance_id!r}")
-    return {"id": inst.id, "log": st.fleet.launcher.log_tail(inst.handle, lines)}
+    return InstanceLogPublic(id=inst.id, log=st.fleet.launcher.log_tail(inst.handle, lines))
 
 
-@router.post("/instances/{instance_id}/drain")
-def drain_instance(instance_id: str, st: State, request: Request) -> dict[str, Any]:
+@router.post("/instances/{instance_id}/drain", response_model=InstancePublic)
+def drain_instance(instance_id: str, st: State, request: Request) -> InstancePublic:
     return instance_view(st, st.fleet.drain(instance_id, actor(request)))
 
 
-@router.get("/routing")
-def get_routing(st: State) -> dict[str, Any]:
-    return st.table.settings.model_dump()
+@router.get("/routing", response_model=RoutingPublic)
+def get_routing(st: State) -> RoutingPublic:
+    return RoutingPublic.model_validate(st.table.settings.model_dump())
 
 
-@router.patch("/routing")
-def patch_routing(body: RoutingUpdate, st: State, request: Request) -> dict[str, Any]:
+@router.patch("/routing", response_model=RoutingPublic)
+def patch_routing(body: RoutingUpdate, st: State, request: Request) -> RoutingPublic:
     patch = body.model_dump(exclude_unset=True)
-    return st.table.update(patch, actor(request)).model_dump()
+    return RoutingPublic.model_validate(st.table.update(patch, actor(request)).model_dump())
 
 
-@router.get("/requests")
+@router.get("/requests", response_model=list[RequestPublic])
 def list_requests(st: State, limit: Annotated[int, Query(ge=1, le=10_000)] = 100
-                  ) -> list[dict[str, Any]]:
-    return [r.public() for r in st.requests.recent(limit)]
+                  ) -> list[RequestPublic]:
+    return [RequestPublic.model_validate(r.public()) for r in st.requests.recent(limit)]
 
 
 def nixl_totals(instances: list[Instance]) -> dict[str, float]:
@@ -159,40 +193,42 @@ def pool_utilization(st: AppState) -> dict[str, Any]:
     return out
 
 
-@router.get("/stats")
+@router.get("/stats", response_model=StatsPublic)
 def get_stats(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 60.0
-              ) -> dict[str, Any]:
+              ) -> StatsPublic:
     out = stats(st.requests.columns(window_s), window_s,
                 st.table.settings.transfer_alert_share)
     out["pools"] = pool_utilization(st)
     out["total_requests"] = st.requests.total
     out["kv_integrity"] = st.lease_watch.summary(window_s)
-    return out
+    return StatsPublic.model_validate(out)
 
 
-@router.get("/timeseries")
+@router.get("/timeseries", response_model=TimeseriesPublic)
 def get_timeseries(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 300.0,
-                   step_s: Annotated[float, Query(gt=0, le=3600)] = 5.0) -> dict[str, Any]:
+                   step_s: Annotated[float, Query(gt=0, le=3600)] = 5.0) -> TimeseriesPublic:
     if window_s / step_s > 2000:
         raise InvalidChange("window_s / step_s must be at most 2000 buckets")
     now = time.time()
-    return {"window_s": window_s, "step_s": step_s, "now": now,
-            "buckets": timeseries(st.requests.columns(window_s, now), window_s, step_s, now)}
+    return TimeseriesPublic.model_validate(
+        {"window_s": window_s, "step_s": step_s, "now": now,
+         "buckets": timeseries(st.requests.columns(window_s, now), window_s, step_s, now)})
 
 
-@router.get("/advisor")
+@router.get("/advisor", response_model=AdvisorPublic)
 def get_advisor(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 600.0
-                ) -> dict[str, Any]:
+                ) -> AdvisorPublic:
     s, targets = st.settings, st.fleet.targets
     decode = st.table.ready(Role.DECODE)
     batch = sum(i.running for i in decode) / len(decode) if decode else None
-    return advisor.advise(s.model_profile, s.hardware.profile, profiles.link(s.hardware.kv_link),
-                          targets[Role.PREFILL].tp, targets[Role.DECODE].tp,
-                          st.requests.window(window_s), batch,
-                          st.table.settings.transfer_alert_share)
+    advice = advisor.advise(s.model_profile, s.hardware.profile,
+                            profiles.link(s.hardware.kv_link), targets[Role.PREFILL].tp,
+                            targets[Role.DECODE].tp, st.requests.window(window_s), batch,
+                            st.table.settings.transfer_alert_share)
+    return AdvisorPublic.model_validate(advice)
 
 
-@router.get("/events")
+@router.get("/events", response_model=list[EventPublic])
 def list_events(st: State, limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
-                since_id: int = 0, kind: str | None = None) -> list[dict[str, Any]]:
-    return st.store.events(limit, since_id, kind)
+                since_id: int = 0, kind: str | None = None) -> list[EventPublic]:
+    return [EventPublic.model_validate(e) for e in st.store.events(limit, since_id, kind)]

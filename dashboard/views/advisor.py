@@ -7,7 +7,8 @@ import streamlit as st
 
 from controller import profiles
 from dashboard import charts, ui, whatif
-from dashboard.client import ApiError, Json
+from dashboard.client import ApiError
+from pdctl_api.schema import AdvisorPublic, ClusterPublic, Role
 
 ADVICE_EVERY_S = 10.0  # advice moves slowly; its window is 10 minutes of traffic
 VERDICT_BOX = {"colocate": st.info, "depends": st.warning, "barely-pays": st.info,
@@ -17,21 +18,20 @@ st.title("Advisor")
 st.caption("From `/api/v1/advisor` (last 10 minutes of traffic) and `controller.profiles`")
 
 
-def fleet(advice: Json, cluster: Json) -> None:
-    ratio = advice["fleet_ratio"]
-    pools = cluster["pools"]
-    p, d = pools["prefill"]["desired"], pools["decode"]["desired"]
-    now_acc = (d["size"] * d["tp"]) / (p["size"] * p["tp"]) if p["size"] else float("inf")
+def fleet(advice: AdvisorPublic, cluster: ClusterPublic) -> None:
+    ratio = advice.fleet_ratio
+    p, d = cluster.pools[Role.PREFILL].desired, cluster.pools[Role.DECODE].desired
+    now_acc = (d.size * d.tp) / (p.size * p.tp) if p.size else float("inf")
     cols = st.columns(3)
     cols[0].metric("Decode : prefill accelerators",
-                   f"{ratio['decode_per_prefill_accelerators']:.2f} : 1",
-                   help=f"{ratio['formula']}; decode batch {ratio['decode_batch']:.0f}"
-                        f"{' (observed)' if ratio['decode_batch_observed'] else ' (assumed)'}")
+                   f"{ratio.decode_per_prefill_accelerators:.2f} : 1",
+                   help=f"{ratio.formula}; decode batch {ratio.decode_batch:.0f}"
+                        f"{' (observed)' if ratio.decode_batch_observed else ' (assumed)'}")
     cols[1].metric("Decode : prefill instances",
-                   f"{ratio['decode_per_prefill_instances']:.2f} : 1",
+                   f"{ratio.decode_per_prefill_instances:.2f} : 1",
                    help="the accelerator ratio at the pools' current TPs")
     cols[2].metric("Fleet now (accelerators)", f"{now_acc:.2f} : 1",
-                   help=f"decode {d['size']} x TP{d['tp']}, prefill {p['size']} x TP{p['tp']}")
+                   help=f"decode {d.size} x TP{d.tp}, prefill {p.size} x TP{p.tp}")
 
 
 @st.fragment(run_every=ADVICE_EVERY_S if ui.run_every() else None)
@@ -41,39 +41,39 @@ def advice_card() -> None:
     except ApiError as exc:
         ui.card_error(exc)
         return
-    verdict, traffic, kv = advice["verdict"], advice["traffic"], advice["kv_transfer"]
-    box = VERDICT_BOX.get(verdict["decision"], st.info)
-    box(f"**Verdict: {verdict['decision']}**\n\n" +
-        "\n".join(f"- {r}" for r in verdict["reasons"]))
-    if traffic["note"]:
-        st.caption(traffic["note"])
+    verdict, traffic, kv = advice.verdict, advice.traffic, advice.kv_transfer
+    box = VERDICT_BOX.get(verdict.decision, st.info)
+    box(f"**Verdict: {verdict.decision}**\n\n" +
+        "\n".join(f"- {r}" for r in verdict.reasons))
+    if traffic.note:
+        st.caption(traffic.note)
     cols = st.columns(4)
-    cols[0].metric("Requests observed", f"{traffic['requests']}")
-    cols[1].metric("Mean ISL", f"{traffic['mean_isl']:.0f} tokens")
-    cols[2].metric("Mean OSL", f"{traffic['mean_osl']:.0f} tokens")
-    cols[3].metric("Short requests", f"{traffic['short_request_share']:.0%}",
+    cols[0].metric("Requests observed", f"{traffic.requests}")
+    cols[1].metric("Mean ISL", f"{traffic.mean_isl:.0f} tokens")
+    cols[2].metric("Mean OSL", f"{traffic.mean_osl:.0f} tokens")
+    cols[3].metric("Short requests", f"{traffic.short_request_share:.0%}",
                    help="ISL < 512 and OSL < 100")
     fleet(advice, cluster)
-    observed = kv["observed_share_of_ttft_p50"]
+    observed = kv.observed_share_of_ttft_p50
     cols = st.columns(4)
-    cols[0].metric(f"KV at mean ISL ({kv['link']})", ui.fmt_bytes(kv["kv_bytes_at_mean_isl"]))
-    cols[1].metric("Transfer time", ui.fmt_ms(kv["transfer_ms"]),
-                   help=f"wire {kv['wire_ms']:.2f} ms + link latency")
-    cols[2].metric("Transfer share (model)", f"{kv['modelled_share_of_ttft']:.0%}",
+    cols[0].metric(f"KV at mean ISL ({kv.link})", ui.fmt_bytes(kv.kv_bytes_at_mean_isl))
+    cols[1].metric("Transfer time", ui.fmt_ms(kv.transfer_ms),
+                   help=f"wire {kv.wire_ms:.2f} ms + link latency")
+    cols[2].metric("Transfer share (model)", f"{kv.modelled_share_of_ttft:.0%}",
                    help="transfer / (prefill + transfer) at the mean ISL")
     cols[3].metric("Transfer share (observed p50)",
                    "n/a" if observed is None else f"{observed:.0%}")
-    if kv["transfer_dominant"]:
-        st.warning(f"KV transfer exceeds the alert share of TTFT ({kv['alert_share']:.0%}) "
-                   f"on {kv['link']}.", icon=":material/warning:")
+    if kv.transfer_dominant:
+        st.warning(f"KV transfer exceeds the alert share of TTFT ({kv.alert_share:.0%}) "
+                   f"on {kv.link}.", icon=":material/warning:")
 
 
 @st.fragment
-def what_if(cluster: Json) -> None:
+def what_if(cluster: ClusterPublic) -> None:
     st.subheader("What if")
     models, links = sorted(profiles.MODELS), sorted(profiles.LINKS)
-    name = cluster["model"]["name"]
-    link = cluster["hardware"]["kv_link"]
+    name = cluster.model.name
+    link = cluster.hardware.kv_link
     a, b, c = st.columns(3)
     model = a.selectbox("model", models, index=models.index(name) if name in models else 0,
                         key="whatif_model")
@@ -82,8 +82,8 @@ def what_if(cluster: Json) -> None:
     chosen = c.selectbox("KV link", links, index=links.index(link) if link in links else 0,
                          key="whatif_link", format_func=lambda n: (
                              f"{n} · {profiles.LINKS[n].bandwidth / 1e9:g} GB/s"))
-    hw = cluster["hardware"]["accelerator"]
-    tp = int(cluster["pools"]["prefill"]["desired"]["tp"])
+    hw = cluster.hardware.accelerator
+    tp = cluster.pools[Role.PREFILL].desired.tp
     est = whatif.estimate(model, int(tokens), chosen, hw, tp)
     cols = st.columns(4)
     cols[0].metric("KV cache", ui.fmt_bytes(est.kv_bytes),

@@ -1,8 +1,9 @@
 """Controls: pool size and TP per pool, routing policy and thresholds, draining an instance.
 
-Pool changes and drains are reviewed first and sent only after the operator confirms; a change
-the controller refuses shows its ``detail`` verbatim; the convergence card follows the pools
-live until they match the desired state."""
+Pool changes and drains are reviewed first and sent only after the operator confirms; the
+review of a pool change shows the controller's own plan for it (its dry run); a change the
+controller refuses shows its ``detail`` verbatim; the convergence card follows the pools live
+until they match the desired state."""
 
 from __future__ import annotations
 
@@ -10,15 +11,14 @@ from typing import Any, get_args
 
 import streamlit as st
 
-from controller.config import PolicyName
-from dashboard import changes, frames, integrity, ui
+from dashboard import changes, integrity, ui
 from dashboard.changes import PendingChange
-from dashboard.client import ApiError, Json
+from dashboard.client import ApiError
+from pdctl_api.schema import InstancePublic, PolicyName, PoolPublic, Role, RoutingPublic
 
 PENDING = "pdctl_pending"
 OUTCOME = "pdctl_outcome"  # (section, ok, message) of the last change
-POLICIES = list(get_args(PolicyName))
-ROLES: tuple[changes.Role, ...] = ("prefill", "decode")
+POLICIES: list[str] = list(get_args(PolicyName))
 
 st.title("Controls")
 st.caption("Every change goes through the control API and lands in the audit log (Events)")
@@ -65,6 +65,22 @@ def review(section: str, change: PendingChange | None) -> None:
         st.session_state[PENDING] = (section, change)
 
 
+def review_pool(role: Role, size: int, tp: int, new_size: int, new_tp: int) -> None:
+    """Ask the controller's dry run what the change would do: its refusal shows at once,
+    its planned actions wait for the operator's confirmation."""
+    request = changes.pool_request(size, tp, new_size, new_tp)
+    if request is None:
+        review(role, None)
+        return
+    st.session_state.pop(PENDING, None)
+    try:
+        plan = ui.client().plan_pool(role, size=request.size, tp=request.tp)
+    except ApiError as exc:
+        st.session_state[OUTCOME] = (role, False, exc)
+        return
+    review(role, changes.pool_change(role, size, tp, plan))
+
+
 def show_outcome(section: str) -> None:
     """The result of this section's last change: a toast, or the controller's refusal."""
     outcome = st.session_state.get(OUTCOME)
@@ -93,6 +109,9 @@ def show_pending(section: str) -> None:
                        icon=":material/warning:")
         else:
             st.info(f"**Confirm — {change.title}**", icon=":material/info:")
+        if change.kind == "pool":
+            st.caption("The controller's plan for its next step (dry run); it plans again "
+                       "every step until the pool has converged.")
         st.markdown("\n".join(f"- {e}" for e in change.effects))
         left, right = st.columns(2)
         left.button("Confirm change", key=f"confirm-{section}", type="primary",
@@ -110,24 +129,24 @@ def convergence() -> None:
     except ApiError as exc:
         ui.card_error(exc)
         return
-    summary, quarantined = frames.pool_summary(cl), integrity.quarantined(cl)
     cols = st.columns(2)
-    for col, (_, row) in zip(cols, summary.iterrows(), strict=True):
-        want, have = int(row["desired_size"]), int(row["ready_at_desired_tp"])
-        q = quarantined.get(str(row["role"]))
-        done = "quarantined" if q else "converged" if row["converged"] else "converging…"
-        col.markdown(f"**{row['role']}** · desired {want} x TP{row['tp']} · {done}")
+    for col, role in zip(cols, Role, strict=True):
+        pool = cl.pools[role]
+        want, have, act = pool.desired.size, pool.actual.ready_at_desired_tp, pool.actual
+        q = pool.quarantine
+        done = "quarantined" if q else "converged" if pool.converged else "converging…"
+        col.markdown(f"**{role}** · desired {want} x TP{pool.desired.tp} · {done}")
         col.progress(1.0 if want == 0 else min(1.0, have / want),
-                     text=f"ready at desired TP {have}/{want} · starting {row['starting']} · "
-                          f"draining {row['draining']}")
+                     text=f"ready at desired TP {have}/{want} · starting {act.starting} · "
+                          f"draining {act.draining}")
         if q is not None:
-            col.error(integrity.quarantine_text(str(row["role"]), q), icon=":material/block:")
+            col.error(integrity.quarantine_text(role, q), icon=":material/block:")
 
 
 # ---- pool forms ----------------------------------------------------------------------------
 
-def pool_form(role: changes.Role, pool: Json, max_tp: int) -> None:
-    size, tp = int(pool["desired"]["size"]), int(pool["desired"]["tp"])
+def pool_form(role: Role, pool: PoolPublic, max_tp: int) -> None:
+    size, tp = pool.desired.size, pool.desired.tp
     with st.form(f"pool-{role}"):
         st.markdown(f"**{role.capitalize()} pool** · now {size} x TP{tp}")
         # Keys carry the desired state, so the inputs reset when it changes.
@@ -137,52 +156,51 @@ def pool_form(role: changes.Role, pool: Json, max_tp: int) -> None:
                                  value=tp, step=1, key=f"{role}-tp-{size}-{tp}",
                                  help="tensor parallelism: accelerators per instance")
         if st.form_submit_button(f"Review {role} change"):
-            review(role, changes.pool_change(role, size, tp, int(new_size), int(new_tp)))
+            review_pool(role, size, tp, int(new_size), int(new_tp))
     show_pending(role)
     show_outcome(role)
 
 
-def drain_form(instances: list[Json]) -> None:
-    candidates = {i["id"]: i for i in changes.drainable(instances)}
+def drain_form(instances: list[InstancePublic]) -> None:
+    candidates = {i.id: i for i in changes.drainable(instances)}
     with st.form("drain"):
         st.markdown("**Drain an instance** · it finishes its requests, then stops")
         choice = st.selectbox(
             "instance", list(candidates), index=None, placeholder="choose an instance",
-            format_func=lambda iid: (f"{iid} · {candidates[iid]['state']} · TP "
-                                     f"{candidates[iid]['tp']} · running "
-                                     f"{candidates[iid]['load']['running']:.0f}"))
+            format_func=lambda iid: (f"{iid} · {candidates[iid].state} · TP "
+                                     f"{candidates[iid].tp} · running "
+                                     f"{candidates[iid].load.running:.0f}"))
         if st.form_submit_button("Review drain") and choice:
             review("drain", changes.drain_change(candidates[choice]))
     show_pending("drain")
     show_outcome("drain")
 
 
-def routing_form(current: Json) -> None:
-    v = "-".join(str(current[k]) for k in changes.ROUTING_FIELDS)  # reset after a change
+def routing_form(current: RoutingPublic) -> None:
+    v = "-".join(str(x) for x in current.model_dump().values())  # reset after a change
     with st.form("routing"):
         st.markdown("**Routing** · effective for the next request")
         a, b = st.columns(2)
         wanted: dict[str, Any] = {
             "prefill_policy": a.selectbox("prefill policy", POLICIES,
-                                          index=POLICIES.index(current["prefill_policy"]),
+                                          index=POLICIES.index(current.prefill_policy),
                                           key=f"r-pp-{v}"),
             "decode_policy": b.selectbox("decode policy", POLICIES,
-                                         index=POLICIES.index(current["decode_policy"]),
+                                         index=POLICIES.index(current.decode_policy),
                                          key=f"r-dp-{v}"),
             "disagg_min_prompt_tokens": a.number_input(
                 "disaggregate from prompt tokens", min_value=0,
-                value=int(current["disagg_min_prompt_tokens"]), step=64, key=f"r-min-{v}",
+                value=current.disagg_min_prompt_tokens, step=64, key=f"r-min-{v}",
                 help="shorter prompts are served colocated by a decode instance"),
             "transfer_alert_share": b.number_input(
                 "transfer alert share of TTFT", min_value=0.0, max_value=1.0,
-                value=float(current["transfer_alert_share"]), step=0.05, format="%.2f",
+                value=current.transfer_alert_share, step=0.05, format="%.2f",
                 key=f"r-alert-{v}"),
             "max_attempts": a.number_input("max attempts per hop", min_value=1, max_value=10,
-                                           value=int(current["max_attempts"]),
-                                           key=f"r-att-{v}"),
+                                           value=current.max_attempts, key=f"r-att-{v}"),
             "request_timeout_s": b.number_input(
                 "request timeout (s)", min_value=0.0,
-                value=float(current["request_timeout_s"]), step=10.0, key=f"r-to-{v}"),
+                value=current.request_timeout_s, step=10.0, key=f"r-to-{v}"),
         }
         if st.form_submit_button("Apply routing"):
             patch = changes.routing_patch(current, wanted)
@@ -205,15 +223,15 @@ try:
 except ApiError as exc:
     ui.card_error(exc)
     st.stop()
-max_tp = int(cluster["hardware"]["accelerators_per_node"])
+max_tp = cluster.hardware.accelerators_per_node
 st.subheader("Pools")
 cols = st.columns(2)
-for col, pool_role in zip(cols, ROLES, strict=True):
+for col, pool_role in zip(cols, Role, strict=True):
     with col:
-        pool_form(pool_role, cluster["pools"][pool_role], max_tp)
+        pool_form(pool_role, cluster.pools[pool_role], max_tp)
 st.subheader("Instances and routing")
 left, right = st.columns(2)
 with left:
-    drain_form(cluster["instances"])
+    drain_form(cluster.instances)
 with right:
-    routing_form(cluster["routing"])
+    routing_form(cluster.routing)

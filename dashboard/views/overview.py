@@ -26,25 +26,25 @@ def headline() -> None:
         return
     ui.kv_integrity_alerts(s, window)
     ui.quarantine_alerts(cl, " See Pools.")
-    ui.transfer_alert(s["transfer_share"])
+    share = s.transfer_share
+    ui.transfer_alert(share)
     cols = st.columns(5)
-    cols[0].metric("Request rate", f"{s['request_rate']:.1f} /s",
-                   help=f"{s['requests']} requests in the window ({s['total_requests']} total)")
-    cols[1].metric("TTFT p50", ui.fmt_ms(s["ttft_ms"]["p50"]))
-    cols[2].metric("TTFT p99", ui.fmt_ms(s["ttft_ms"]["p99"]))
-    cols[3].metric("Disaggregated", f"{s['disaggregated_share']:.0%}",
+    cols[0].metric("Request rate", f"{s.request_rate:.1f} /s",
+                   help=f"{s.requests} requests in the window ({s.total_requests} total)")
+    cols[1].metric("TTFT p50", ui.fmt_ms(s.ttft_ms.p50))
+    cols[2].metric("TTFT p99", ui.fmt_ms(s.ttft_ms.p99))
+    cols[3].metric("Disaggregated", f"{s.disaggregated_share:.0%}",
                    help="share of successful requests that took the two-hop path")
-    share = s["transfer_share"]
-    cols[4].metric("Transfer share of TTFT", f"{share['p50']:.0%}",
-                   delta=f"alert above {share['alert_share']:.0%}", delta_color="off",
+    cols[4].metric("Transfer share of TTFT", f"{share.p50:.0%}",
+                   delta=f"alert above {share.alert_share:.0%}", delta_color="off",
                    help="median of transfer_ms / ttft_ms over disaggregated requests")
     st.markdown("**Mean TTFT, part by part** — the means add up to the mean TTFT "
-                f"({ui.fmt_ms(s['ttft_ms']['mean'])})")
+                f"({ui.fmt_ms(s.ttft_ms.mean)})")
     parts = st.columns(5)
     for col, part in zip(parts, frames.PARTS, strict=True):
-        c = s["components_ms"][part]
-        col.metric(frames.PART_LABELS[part], ui.fmt_ms(c["mean"]),
-                   help=f"p50 {c['p50']:.2f} · p90 {c['p90']:.2f} · p99 {c['p99']:.2f} ms")
+        c = s.components_ms.part(part)
+        col.metric(frames.PART_LABELS[part], ui.fmt_ms(c.mean),
+                   help=f"p50 {c.p50:.2f} · p90 {c.p90:.2f} · p99 {c.p99:.2f} ms")
     with st.expander("Percentiles of TTFT and each part (ms)"):
         st.dataframe(frames.components_table(s), hide_index=True, width="stretch")
 

@@ -9,10 +9,12 @@ import streamlit as st
 
 from dashboard import charts, frames, integrity, prom, ui
 from dashboard.client import ApiError
+from pdctl_api.schema import QuarantinePublic, Role
 
 GRID_CHOICES = {"KV cache usage": "kv_cache_usage", "running": "running",
                 "waiting": "waiting", "state": "state"}
 STATES = ["starting", "ready", "draining", "failed", "stopped"]
+ROLES = [r.value for r in Role]
 
 st.title("Pools")
 st.caption("From `/api/v1/cluster`: desired and actual pools, every instance and the load its "
@@ -20,7 +22,7 @@ st.caption("From `/api/v1/cluster`: desired and actual pools, every instance and
 
 
 def pool_card(row: pd.Series, instances: pd.DataFrame,
-              quarantine: integrity.Quarantine | None) -> None:
+              quarantine: QuarantinePublic | None) -> None:
     role = str(row["role"])
     with st.container(border=True):
         state = ("quarantined" if quarantine else
@@ -50,13 +52,12 @@ def overview() -> None:
     except ApiError as exc:
         ui.card_error(exc)
         return
-    inst = frames.instances_frame(cl["instances"])
+    inst = frames.instances_frame(cl.instances)
     summary = frames.pool_summary(cl)
-    quarantined = integrity.quarantined(cl)
     cols = st.columns(2)
     for col, (_, row) in zip(cols, summary.iterrows(), strict=True):
         with col:
-            pool_card(row, inst, quarantined.get(str(row["role"])))
+            pool_card(row, inst, cl.pools[Role(row["role"])].quarantine)
     choice = st.segmented_control("Colour instances by", list(GRID_CHOICES),
                                   default="KV cache usage", key="pools_grid_metric")
     if inst.empty:
@@ -85,11 +86,10 @@ COLUMNS = {
 def table() -> None:
     st.subheader("Instances")
     left, right = st.columns(2)
-    roles = left.multiselect("Role", ["prefill", "decode"], default=["prefill", "decode"],
-                             key="pools_roles")
+    roles = left.multiselect("Role", ROLES, default=ROLES, key="pools_roles")
     states = right.multiselect("State", STATES, default=STATES, key="pools_states")
     try:
-        inst = frames.instances_frame(ui.cluster()["instances"])
+        inst = frames.instances_frame(ui.cluster().instances)
     except ApiError as exc:
         ui.card_error(exc)
         return

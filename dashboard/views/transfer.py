@@ -11,8 +11,9 @@ from typing import Any
 import streamlit as st
 
 from controller import profiles
-from dashboard import charts, frames, integrity, prom, ui, whatif
-from dashboard.client import ApiError, Json
+from dashboard import charts, frames, prom, ui, whatif
+from dashboard.client import ApiError
+from pdctl_api.schema import ClusterPublic
 
 SCATTER_LIMIT = 500
 window = ui.window_s()
@@ -21,8 +22,8 @@ st.caption(f"Last {window:g} s · KV cache moved from prefill to decode instance
            "(disaggregated requests only)")
 
 
-def link_of(cluster: Json) -> tuple[str, float | None]:
-    name = str(cluster["hardware"]["kv_link"])
+def link_of(cluster: ClusterPublic) -> tuple[str, float | None]:
+    name = cluster.hardware.kv_link
     ceiling = whatif.link_ceiling_gbps(name) if name in profiles.LINKS else None
     return name, ceiling
 
@@ -35,21 +36,21 @@ def headline() -> None:
         ui.card_error(exc)
         return
     link, ceiling = link_of(cl)
-    kv = s["kv"]
+    kv = s.kv
     cols = st.columns(5)
-    cols[0].metric("KV moved", f"{kv['bytes_per_s'] / 1e9:.2f} GB/s",
+    cols[0].metric("KV moved", f"{kv.bytes_per_s / 1e9:.2f} GB/s",
                    help="KV bytes of the window's disaggregated requests / window length")
-    cols[1].metric("KV bytes in window", ui.fmt_bytes(kv["bytes"]))
-    cols[2].metric("Achieved bandwidth", f"{kv['transfer_gbps']:.1f} GB/s",
+    cols[1].metric("KV bytes in window", ui.fmt_bytes(kv.bytes))
+    cols[2].metric("Achieved bandwidth", f"{kv.transfer_gbps:.1f} GB/s",
                    help="bytes / time spent transferring, over the window")
     cols[3].metric(f"Link ceiling ({link})", f"{ceiling:.0f} GB/s" if ceiling else "unknown",
                    help=profiles.LINKS[link].description if link in profiles.LINKS else None)
-    use = kv["transfer_gbps"] / ceiling if ceiling else 0.0
+    use = kv.transfer_gbps / ceiling if ceiling else 0.0
     cols[4].metric("Of the ceiling", f"{use:.0%}",
                    help="achieved bandwidth includes the link's per-transfer latency, so "
                         "small transfers stay well below the ceiling")
     ui.kv_integrity_alerts(s, window)
-    ui.transfer_alert(s["transfer_share"])
+    ui.transfer_alert(s.transfer_share)
 
 
 TRANSFER_QUERIES = ("kv_bytes_rate", "nixl_gbps", "accounted_gbps")
@@ -97,8 +98,8 @@ def per_request() -> None:
     except ApiError as exc:
         ui.card_error(exc)
         return
-    per_token = int(cl["model"]["kv_bytes_per_token"])
-    st.caption(f"Last {SCATTER_LIMIT} requests; dashed: {cl['model']['name']} at "
+    per_token = cl.model.kv_bytes_per_token
+    st.caption(f"Last {SCATTER_LIMIT} requests; dashed: {cl.model.name} at "
                f"{per_token / 1e3:.0f} KB per token (the engine rounds up to whole blocks)")
     top = int(df["prompt_tokens"].max()) if not df.empty else 1
     st.altair_chart(charts.kv_bytes_vs_prompt(df, whatif.kv_line(per_token, top)),
@@ -134,8 +135,8 @@ def leases() -> None:
     except ApiError as exc:
         ui.card_error(exc)
         return
-    df = frames.lease_frame(cl["instances"])
-    k = integrity.KvIntegrity.from_stats(s)
+    df = frames.lease_frame(cl.instances)
+    k = s.kv_integrity
     if k is not None:
         cols = st.columns(3)
         cols[0].metric("KV expired in window", f"{k.expired_in_window:g}",

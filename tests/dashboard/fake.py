@@ -1,6 +1,7 @@
 """A fake controller behind ``httpx.MockTransport``: the control API's routes and response
 shapes, computed with the controller's own aggregation and validation functions, over
-synthetic request records and instances. Records every call.
+synthetic request records and instances. Records every call. A pool change's dry run
+(``?dry_run=true``) answers the controller's own planner's actions for the pool.
 
 ``legacy=True`` answers like a controller older than the KV-integrity and quarantine fields
 (no ``kv_integrity``, ``quarantine``, ``suspect``/``kv_handle`` or lease counters)."""
@@ -15,10 +16,11 @@ from typing import Any
 import httpx
 
 from controller import advisor, profiles, validation
-from controller.cluster import Quarantine
+from controller.api.control import planned
 from controller.errors import InvalidChange
+from controller.fleet.guard import Quarantine
 from controller.models import Instance, InstanceState, RequestPath, RequestRecord, Role
-from controller.reconciler import PoolTarget
+from controller.reconciler import Capacity, Observed, PlanInput, PoolTarget, Start, plan
 from controller.requests_log import stats, timeseries
 from dashboard.client import ControllerClient
 
@@ -70,7 +72,7 @@ def make_instances(prefill: int, decode: int, prefill_tp: int = 4, decode_tp: in
             n += 1
             out.append(Instance(id=f"{role.value}-{n}", role=role, tp=tp,
                                 url=f"http://127.0.0.1:{9000 + n}", state=InstanceState.READY,
-                                running=float(n % 5), waiting=float(n % 3), inflight=n % 4,
+                                running=float(n % 5), waiting=float(n % 3),
                                 kv_usage=(n % 10) / 10))
     return out
 
@@ -97,7 +99,16 @@ class FakeController:
         return ControllerClient(URL, token, transport=httpx.MockTransport(self.handle))
 
     def changes(self) -> list[tuple[str, str, Any]]:
-        return [c for c in self.calls if c[0] != "GET"]
+        """Calls that may change something: neither reads nor dry runs."""
+        return [c for c in self.calls if c[0] != "GET" and "dry_run=true" not in c[1]]
+
+    def dry_runs(self) -> list[tuple[str, str, Any]]:
+        return [c for c in self.calls if "dry_run=true" in c[1]]
+
+    @staticmethod
+    def inflight(inst: Instance) -> int:
+        """Requests in flight (the router's count in a real controller): fixed per id."""
+        return int(inst.id.rsplit("-", 1)[-1]) % 4
 
     # ---- the API ------------------------------------------------------------------------
 
@@ -105,7 +116,8 @@ class FakeController:
         if not self.reachable:
             raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
         body = json.loads(request.content) if request.content else None
-        self.calls.append((request.method, request.url.path, body))
+        dry = "?dry_run=true" if request.url.params.get("dry_run") == "true" else ""
+        self.calls.append((request.method, request.url.path + dry, body))
         if request.headers.get("authorization") != f"Bearer {self.token}":
             return httpx.Response(401, json={
                 "detail": "missing or invalid bearer token (see STATE_DIR/token)"})
@@ -148,7 +160,10 @@ class FakeController:
         if key == ("GET", "/events"):
             return self.events()
         if request.method == "PATCH" and path.startswith("/pools/"):
-            return self.set_pool(Role(path.rsplit("/", 1)[1]), body)
+            role = Role(path.rsplit("/", 1)[1])
+            if q.get("dry_run") == "true":
+                return self.plan_pool(role, body)
+            return self.set_pool(role, body)
         if key == ("PATCH", "/routing"):
             return self.set_routing(body)
         if request.method == "POST" and path.endswith("/drain"):
@@ -178,7 +193,7 @@ class FakeController:
         return q.public(now) if q is not None and q.until > now else None
 
     def instance_view(self, inst: Instance) -> dict[str, Any]:
-        out = inst.public()
+        out = inst.public(self.inflight(inst))
         if self.legacy:
             for f in LEASE_FIELDS:
                 del out["nixl"][f]
@@ -207,11 +222,27 @@ class FakeController:
                  "kind": "controller.start", "target": "controller", "before": None,
                  "after": {"backend": "sim"}, "detail": None}]
 
-    def set_pool(self, role: Role, body: dict[str, Any]) -> dict[str, Any]:
-        self.targets = validation.check_change(
+    def check(self, role: Role, body: dict[str, Any]) -> dict[Role, PoolTarget]:
+        return validation.check_change(
             self.targets, role, body.get("size"), body.get("tp"), model=MODEL, hw=HW,
             per_node=8, nodes=self.nodes, managed=True)
+
+    def set_pool(self, role: Role, body: dict[str, Any]) -> dict[str, Any]:
+        self.targets = self.check(role, body)
         return self.pool_view(role)
+
+    def plan_pool(self, role: Role, body: dict[str, Any]) -> dict[str, Any]:
+        """What ``Fleet.preview_pool`` answers: the planner's actions for this pool."""
+        targets = self.check(role, body)
+        live = tuple(Observed(i.id, i.role, i.tp, i.state, self.inflight(i), i.created_at)
+                     for i in self.instances if not i.state.terminal)
+        actions = plan(PlanInput(targets, live, Capacity(8, self.nodes), time.monotonic(), 30.0))
+        mine = {i.id for i in live if i.role is role}
+        return {"role": role.value, "desired": {"size": targets[role].size,
+                                                "tp": targets[role].tp},
+                "actions": [planned(a).model_dump(mode="json") for a in actions
+                            if (a.role is role if isinstance(a, Start)
+                                else a.instance_id in mine)]}
 
     def set_routing(self, patch: dict[str, Any]) -> dict[str, Any]:
         if patch.get("disagg_min_prompt_tokens", 0) > 1_000_000:
@@ -224,4 +255,4 @@ class FakeController:
         if inst is None:
             raise KeyError(instance_id)
         inst.state = InstanceState.DRAINING
-        return inst.public()
+        return self.instance_view(inst)

@@ -1,45 +1,83 @@
-"""Which changes are disruptive, and what the routing form sends."""
+"""What a change will do before it is sent: pool changes as the controller's plan, which
+changes are disruptive, and what the routing form sends."""
 
 from __future__ import annotations
 
 from dashboard import changes
+from pdctl_api.schema import (
+    InstancePublic,
+    InstanceState,
+    PlannedAction,
+    PoolPlanPublic,
+    PoolSize,
+    Role,
+    RoutingPublic,
+)
+from tests.dashboard.fake import FakeController, make_instances
 
 
-def test_no_change_is_none() -> None:
-    assert changes.pool_change("decode", 2, 2, 2, 2) is None
+def plan(size: int, tp: int, *actions: PlannedAction) -> PoolPlanPublic:
+    return PoolPlanPublic(role=Role.DECODE, desired=PoolSize(size=size, tp=tp),
+                          actions=list(actions))
 
 
-def test_scale_up_is_not_disruptive() -> None:
-    c = changes.pool_change("decode", 1, 2, 3, 2)
-    assert c is not None and not c.disruptive
-    assert (c.size, c.tp) == (3, None)
-    assert c.effects == ("starts 2 decode instance(s) at TP 2",)
+def test_only_what_differs_is_requested() -> None:
+    assert changes.pool_request(2, 2, 2, 2) is None
+    assert changes.pool_request(1, 2, 3, 2) == changes.PoolRequest(size=3, tp=None)
+    assert changes.pool_request(2, 2, 2, 4) == changes.PoolRequest(size=None, tp=4)
+
+
+def test_scale_up_shows_the_planned_starts_and_is_not_disruptive() -> None:
+    start = PlannedAction(kind="start", role=Role.DECODE, tp=2,
+                          reason="decode pool below size (1/3)")
+    c = changes.pool_change(Role.DECODE, 1, 2, plan(3, 2, start, start))
+    assert not c.disruptive and (c.size, c.tp) == (3, None)
+    assert c.title == "decode pool: 1 x TP2 → 3 x TP2"
+    assert c.effects == ("**start** a decode instance at TP 2 — decode pool below size (1/3)",) * 2
 
 
 def test_scale_down_and_tp_change_are_disruptive() -> None:
-    down = changes.pool_change("prefill", 3, 4, 1, 4)
-    assert down is not None and down.disruptive and "drains 2 prefill" in down.effects[0]
-    tp = changes.pool_change("decode", 2, 2, 2, 4)
-    assert tp is not None and tp.disruptive and (tp.size, tp.tp) == (None, 4)
-    assert "replaces every decode instance" in tp.effects[0]
+    drain = PlannedAction(kind="drain", instance_id="decode-3", reason="scale decode down to 1")
+    down = changes.pool_change(Role.DECODE, 3, 2, plan(1, 2, drain))
+    assert down.disruptive and "**drain** decode-3" in down.effects[0]
+    assert down.effects[0].endswith("scale decode down to 1")
+    start = PlannedAction(kind="start", role=Role.DECODE, tp=4,
+                          reason="TP 4 replacement (0/2)")
+    tp = changes.pool_change(Role.DECODE, 2, 2, plan(2, 4, start))
+    assert tp.disruptive and (tp.size, tp.tp) == (None, 4)
+    stop = PlannedAction(kind="stop", instance_id="decode-9", reason="drained")
+    assert changes.pool_change(Role.DECODE, 2, 2, plan(3, 2, stop)).disruptive
+
+
+def test_an_empty_plan_says_so() -> None:
+    c = changes.pool_change(Role.DECODE, 1, 2, plan(2, 2))
+    assert c.effects == (changes.NOTHING_PLANNED,)
+
+
+def test_the_fakes_plan_is_the_planners() -> None:
+    fake = FakeController(instances=make_instances(1, 2))
+    p = PoolPlanPublic.model_validate(fake.plan_pool(Role.DECODE, {"size": 1}))
+    assert [(a.kind, a.instance_id) for a in p.actions] == [("drain", "decode-2")]
 
 
 def test_drain_is_disruptive_and_only_ready_or_starting_can_drain() -> None:
-    inst = {"id": "decode-3", "role": "decode", "state": "ready", "tp": 2,
-            "load": {"inflight": 4}}
+    fake = FakeController(instances=make_instances(0, 3))
+    inst = InstancePublic.model_validate(fake.instance_view(fake.instances[2]))
     d = changes.drain_change(inst)
-    assert d.disruptive and d.instance_id == "decode-3" and "4 in-flight" in d.effects[0]
+    assert d.disruptive and d.instance_id == "decode-3" and "3 in-flight" in d.effects[0]
+    assert d.title == "drain decode-3 (decode, ready, TP 2)"
     states = ["ready", "starting", "draining", "failed", "stopped"]
-    pool = [{"id": s, "state": s} for s in states]
-    assert [i["id"] for i in changes.drainable(pool)] == ["ready", "starting"]
+    pool = [inst.model_copy(update={"id": s, "state": InstanceState(s)}) for s in states]
+    assert [i.id for i in changes.drainable(pool)] == ["ready", "starting"]
 
 
 def test_routing_patch_has_only_changed_fields() -> None:
-    current = {"prefill_policy": "round_robin", "decode_policy": "least_loaded",
-               "disagg_min_prompt_tokens": 512, "transfer_alert_share": 0.2,
-               "max_attempts": 3, "request_timeout_s": 600.0}
-    same = {**current, "transfer_alert_share": 0.2 + 1e-12}
+    current = RoutingPublic(prefill_policy="round_robin", decode_policy="least_loaded",
+                            disagg_min_prompt_tokens=512, transfer_alert_share=0.2,
+                            max_attempts=3, request_timeout_s=600.0)
+    same = {**current.model_dump(), "transfer_alert_share": 0.2 + 1e-12}
     assert changes.routing_patch(current, same) == {}
-    wanted = {**current, "decode_policy": "round_robin", "transfer_alert_share": 0.3}
+    wanted = {**current.model_dump(), "decode_policy": "round_robin",
+              "transfer_alert_share": 0.3}
     assert changes.routing_patch(current, wanted) == {"decode_policy": "round_robin",
                                                       "transfer_alert_share": 0.3}

@@ -1,4 +1,5 @@
-"""The REST client: one error type with the status and the API's detail, request shapes."""
+"""The console's client (``pdctl_api``'s, as ``pdctl-console``): typed answers, one error type
+with the status and the API's detail, request shapes."""
 
 from __future__ import annotations
 
@@ -6,26 +7,62 @@ import httpx
 import pytest
 
 from dashboard.client import ApiError, ControllerClient
+from pdctl_api.schema import PoolSize, Role
 from tests.dashboard.fake import TOKEN, URL, FakeController
 
 
-def test_reads_return_the_api_json(fake: FakeController) -> None:
+def test_reads_return_the_api_models(fake: FakeController) -> None:
     with_client = fake.client()
-    assert with_client.cluster()["pools"]["decode"]["desired"] == {"size": 1, "tp": 2}
-    assert with_client.stats(60)["requests"] == 300
+    assert with_client.cluster().pools[Role.DECODE].desired == PoolSize(size=1, tp=2)
+    assert with_client.stats(60).requests == 300
     assert len(with_client.requests(50)) == 50
-    assert with_client.timeseries(60, 5)["step_s"] == 5
-    assert with_client.events(10)[0]["kind"] == "pool.update"
+    assert with_client.timeseries(60, 5).step_s == 5
+    assert with_client.events(10)[0].kind == "pool.update"
     with_client.close()
 
 
 def test_reads_carry_the_kv_integrity_and_quarantine_fields(fake: FakeController) -> None:
     c = fake.client()
-    assert c.stats(60)["kv_integrity"]["alert"] is False
-    assert c.cluster()["pools"]["prefill"]["quarantine"] is None
-    assert {"kv_handle", "suspect"} <= set(c.requests(5)[0])
-    nixl = c.cluster()["instances"][0]["nixl"]
-    assert {"kv_expired_requests", "notifications_after_expiry"} <= set(nixl)
+    k = c.stats(60).kv_integrity
+    assert k is not None and k.alert is False
+    assert c.cluster().pools[Role.PREFILL].quarantine is None
+    assert c.requests(5)[0].kv_handle
+    nixl = c.cluster().instances[0].nixl
+    assert nixl.kv_expired_requests == 0.0 and nixl.notifications_after_expiry == 0.0
+    c.close()
+
+
+def test_an_older_controller_reads_with_defaults(fake: FakeController) -> None:
+    fake.legacy = True
+    c = fake.client()
+    assert c.stats(60).kv_integrity is None
+    assert c.cluster().pools[Role.PREFILL].quarantine is None
+    r = c.requests(5)[0]
+    assert r.kv_handle is None and r.suspect is False
+    assert c.cluster().instances[0].nixl.kv_expired_requests is None
+    c.close()
+
+
+def test_an_answer_that_breaks_the_contract_is_an_api_error() -> None:
+    c = ControllerClient(URL, "t", transport=httpx.MockTransport(
+        lambda r: httpx.Response(200, json={"window_s": 60})))
+    with pytest.raises(ApiError) as info:
+        c.stats(60)
+    assert info.value.status == 200
+    assert info.value.detail.startswith("unexpected answer to GET /api/v1/stats: requests:")
+    c.close()
+
+
+def test_dry_run_of_a_pool_change_changes_nothing(fake: FakeController) -> None:
+    c = fake.client()
+    plan = c.plan_pool("decode", size=3)
+    assert plan.role is Role.DECODE and plan.desired == PoolSize(size=3, tp=2)
+    assert [(a.kind, a.role, a.tp) for a in plan.actions] == [("start", Role.DECODE, 2)] * 2
+    assert fake.changes() == [] and fake.targets[Role.DECODE].size == 1
+    assert fake.dry_runs() == [("PATCH", "/api/v1/pools/decode?dry_run=true", {"size": 3})]
+    with pytest.raises(ApiError) as info:
+        c.plan_pool("decode", tp=3)
+    assert info.value.status == 422 and "does not divide" in info.value.detail
     c.close()
 
 
@@ -53,6 +90,16 @@ def test_refused_change_carries_status_and_detail(fake: FakeController) -> None:
     assert info.value.status == 422
     assert info.value.detail == "TP 3 does not divide llama-3-70b's 64 attention heads"
     assert info.value.refused and not info.value.unreachable
+    c.close()
+
+
+def test_the_field_of_a_refusal_is_kept() -> None:
+    c = ControllerClient(URL, "t", transport=httpx.MockTransport(
+        lambda r: httpx.Response(422, json={"detail": "size: too big", "field": "size"})))
+    with pytest.raises(ApiError) as info:
+        c.set_pool(Role.DECODE, size=10**6)
+    assert (info.value.status, info.value.detail, info.value.field) == (422, "size: too big",
+                                                                        "size")
     c.close()
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dashboard import launch
+from controller import console_launch as launch
+from dashboard import launch as console_launch
 from dashboard.config import ConsoleConfig, load_config
 
 
@@ -43,6 +44,13 @@ def test_token_from_env_then_file(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("abc\n")
     assert cfg.token() == ("abc", str(tmp_path / "token"))
     assert ConsoleConfig(state_dir=tmp_path, env_token="env").token()[0] == "env"
+
+
+def test_the_app_is_found_without_importing_the_console() -> None:
+    assert launch.APP == Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
+    # The console's own name for the same functions (programs that start the console).
+    assert console_launch.streamlit_argv is launch.streamlit_argv
+    assert console_launch.console_env is launch.console_env
 
 
 def test_streamlit_argv_and_env(tmp_path: Path) -> None:

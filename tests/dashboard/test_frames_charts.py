@@ -1,27 +1,50 @@
-"""Frames (controller JSON -> DataFrame) and chart builders (DataFrame -> Altair chart)."""
+"""Frames (the API's models -> DataFrame) and chart builders (DataFrame -> Altair chart)."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import altair as alt
 import pandas as pd
 import pytest
 
 from controller import profiles
+from controller.models import Instance
 from controller.requests_log import stats, timeseries
 from dashboard import charts, frames, whatif
+from pdctl_api.schema import (
+    ClusterPublic,
+    EventPublic,
+    InstancePublic,
+    RequestPublic,
+    StatsPublic,
+    TimeseriesPublic,
+)
 from tests.dashboard.fake import FakeController, make_instances, make_records
 
 
-def requests_json(n: int = 30) -> list[dict[str, Any]]:
-    return [r.public() for r in reversed(make_records(n))]
+def requests_json(n: int = 30) -> list[RequestPublic]:
+    return [RequestPublic.model_validate(r.public()) for r in reversed(make_records(n))]
 
 
-def ts_json(n: int = 300) -> dict[str, Any]:
+def ts_json(n: int = 300) -> TimeseriesPublic:
     now = time.time()
-    return {"step_s": 5.0, "buckets": timeseries(make_records(n, now=now), 60, 5, now)}
+    return TimeseriesPublic.model_validate({"window_s": 60, "step_s": 5.0, "now": now,
+                                            "buckets": timeseries(make_records(n, now=now),
+                                                                  60, 5, now)})
+
+
+def empty_ts() -> TimeseriesPublic:
+    return TimeseriesPublic(window_s=1, step_s=1, now=0, buckets=[])
+
+
+def stats_of(n: int = 300) -> StatsPublic:
+    return StatsPublic.model_validate({**stats(make_records(n), 60, 0.2), "pools": {},
+                                       "total_requests": n})
+
+
+def public(instances: list[Instance]) -> list[InstancePublic]:
+    return [InstancePublic.model_validate(i.public()) for i in instances]
 
 
 def test_requests_frame_is_oldest_first_with_shares() -> None:
@@ -35,22 +58,24 @@ def test_requests_frame_is_oldest_first_with_shares() -> None:
 
 def test_requests_frame_carries_suspect_and_kv_handle() -> None:
     records = requests_json()
-    records[0]["suspect"] = True  # the newest
+    records[0].suspect = True  # the newest
     df = frames.requests_frame(records)
     assert df["suspect"].dtype == bool
     assert list(df["suspect"]) == [False] * 29 + [True]
-    assert df["kv_handle"].iloc[-1] == records[0]["kv_handle"] != ""
-    assert set(frames.parts_long(df)[lambda d: d["suspect"]]["id"]) == {records[0]["id"]}
+    assert df["kv_handle"].iloc[-1] == records[0].kv_handle != ""
+    assert set(frames.parts_long(df)[lambda d: d["suspect"]]["id"]) == {records[0].id}
     table = frames.recent_table(df)
     assert list(table.columns)[0] == "suspect"
-    assert table["id"].iloc[0] == records[0]["id"]  # newest first
+    assert table["id"].iloc[0] == records[0].id  # newest first
     assert list(table["suspect"]) == [frames.SUSPECT_FLAG] + [""] * 29
 
 
 def test_requests_frame_of_an_older_controller() -> None:
-    records = requests_json()
-    for r in records:
-        del r["suspect"], r["kv_handle"]
+    records = []
+    for r in make_records(30):
+        raw = r.public()
+        del raw["suspect"], raw["kv_handle"]
+        records.append(RequestPublic.model_validate(raw))
     df = frames.requests_frame(records)
     assert not df["suspect"].any() and (df["kv_handle"] == "").all()
     assert (frames.recent_table(df)["suspect"] == "").all()
@@ -59,15 +84,15 @@ def test_requests_frame_of_an_older_controller() -> None:
 def test_lease_frame_per_prefill_instance() -> None:
     instances = make_instances(3, 2)
     instances[2].kv_expired, instances[2].kv_after_expiry = 5.0, 1.0
-    df = frames.lease_frame(reversed([i.public() for i in instances]))
+    df = frames.lease_frame(reversed(public(instances)))
     assert list(df["id"]) == ["prefill-1", "prefill-2", "prefill-3"]
     assert list(df["kv_expired_requests"]) == [0.0, 0.0, 5.0]
     assert list(df["notifications_after_expiry"]) == [0.0, 0.0, 1.0]
     old = [i.public() for i in instances]
     for i in old:
         del i["nixl"]["kv_expired_requests"], i["nixl"]["notifications_after_expiry"]
-    assert frames.lease_frame(old)[list(frames.LEASE_COUNTERS)].isna().all().all()
-    assert frames.lease_frame([{"id": "prefill-9", "role": "prefill"}])["transfers"].isna().all()
+    legacy = [InstancePublic.model_validate(i) for i in old]
+    assert frames.lease_frame(legacy)[list(frames.LEASE_COUNTERS)].isna().all().all()
 
 
 def test_parts_long_sums_back_to_ttft() -> None:
@@ -91,7 +116,7 @@ def test_timeseries_frames() -> None:
 
 
 def test_path_share_and_components_table() -> None:
-    s = stats(make_records(300), 60, 0.2)
+    s = stats_of()
     share = frames.path_share(s)
     assert dict(zip(share["path"], share["requests"], strict=True)) == {
         "disaggregated": 200, "colocated": 100, "errors": 0}
@@ -100,8 +125,7 @@ def test_path_share_and_components_table() -> None:
 
 
 def test_instances_frame_sorts_naturally_and_places_on_a_grid() -> None:
-    instances = [i.public() for i in make_instances(3, 25)]
-    df = frames.instances_frame(reversed(instances))
+    df = frames.instances_frame(reversed(public(make_instances(3, 25))))
     assert list(df["id"][:4]) == ["prefill-1", "prefill-2", "prefill-3", "decode-4"]
     decode = df[df["role"] == "decode"]
     assert list(decode["col"][:3]) == [0, 1, 2]
@@ -110,14 +134,16 @@ def test_instances_frame_sorts_naturally_and_places_on_a_grid() -> None:
 
 def test_pool_summary_from_the_cluster() -> None:
     fake = FakeController(instances=make_instances(2, 4))
-    summary = frames.pool_summary(fake.cluster()).set_index("role")
+    cluster = ClusterPublic.model_validate(fake.cluster())
+    summary = frames.pool_summary(cluster).set_index("role")
     assert summary.loc["decode", "ready"] == 4
     assert not summary.loc["prefill", "converged"]  # 2 ready, 1 desired
     assert 0 <= summary.loc["decode", "kv_cache_usage_mean"] <= 1
 
 
 def test_events_frame_compacts_json() -> None:
-    df = frames.events_frame(FakeController().events())
+    events = [EventPublic.model_validate(e) for e in FakeController().events()]
+    df = frames.events_frame(events)
     assert df["after"].iloc[0] == '{"size":2,"tp":2}'
     assert df["before"].iloc[1] == "" and df["detail"].iloc[0] == ""
 
@@ -125,7 +151,7 @@ def test_events_frame_compacts_json() -> None:
 def test_empty_inputs_make_empty_frames() -> None:
     assert frames.requests_frame([]).empty
     assert frames.parts_long(frames.requests_frame([])).empty
-    assert frames.timeseries_frame({"step_s": 1, "buckets": []}).empty
+    assert frames.timeseries_frame(empty_ts()).empty
     assert frames.instances_frame([]).empty
     assert frames.events_frame([]).empty
     assert frames.recent_table(frames.requests_frame([])).empty
@@ -135,8 +161,8 @@ def test_empty_inputs_make_empty_frames() -> None:
 def chart_specs() -> list[alt.TopLevelMixin]:
     req = frames.requests_frame(requests_json(60))
     ts = frames.timeseries_frame(ts_json())
-    s = stats(make_records(300), 60, 0.2)
-    inst = frames.instances_frame(i.public() for i in make_instances(40, 80))
+    s = stats_of()
+    inst = frames.instances_frame(public(make_instances(40, 80)))
     return [
         charts.ttft_recent(frames.parts_long(req)),
         charts.ttft_parts_over_time(frames.ts_parts_long(ts)),
@@ -186,11 +212,11 @@ def test_achieved_bandwidth_draws_the_ceiling() -> None:
 
 
 def test_charts_accept_empty_frames() -> None:
-    empty_ts = frames.timeseries_frame({"step_s": 1, "buckets": []})
+    empty_frame = frames.timeseries_frame(empty_ts())
     empty_req = frames.requests_frame([])
     for chart in (charts.ttft_recent(frames.parts_long(empty_req)),
-                  charts.ttft_parts_over_time(frames.ts_parts_long(empty_ts)),
-                  charts.achieved_bandwidth(empty_ts, 50.0, "ib-ndr"),
+                  charts.ttft_parts_over_time(frames.ts_parts_long(empty_frame)),
+                  charts.achieved_bandwidth(empty_frame, 50.0, "ib-ndr"),
                   charts.kv_bytes_vs_prompt(empty_req, whatif.kv_line(1, 1)),
                   charts.path_share(pd.DataFrame({"path": [], "requests": []}))):
         chart.to_dict()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from controller.cluster import Quarantine
+from controller.fleet.guard import Quarantine
 from controller.models import Role
 from controller.reconciler import PoolTarget
 from dashboard.config import ConsoleConfig
@@ -138,7 +138,11 @@ def test_scale_down_needs_confirmation(console: Console, fake: FakeController) -
     at = console(fake, "controls")
     review_pool(at, "decode", size=1)
     assert fake.changes() == [], "nothing is sent before the operator confirms"
+    assert fake.dry_runs() == [("PATCH", "/api/v1/pools/decode?dry_run=true", {"size": 1})]
     assert "Confirm a disruptive change — decode pool: 2 x TP2 → 1 x TP2" in texts(at.warning)
+    # The controller's plan: the least loaded decode instance drains.
+    assert "**drain** decode-2" in texts(at.markdown)
+    assert "scale decode down to 1" in texts(at.markdown)
     at.button(key="confirm-decode").click().run()
     no_exceptions(at)
     assert fake.changes() == [("PATCH", "/api/v1/pools/decode", {"size": 1})]
@@ -150,7 +154,8 @@ def test_tp_change_needs_confirmation_and_cancel_sends_nothing(
     at = console(fake, "controls")
     review_pool(at, "decode", tp=4)
     assert "disruptive" in texts(at.warning)
-    assert "replaces every decode instance" in texts(at.markdown)
+    # A rolling replacement: the planner's first step starts a new instance at the new TP.
+    assert "**start** a decode instance at TP 4 — TP 4 replacement (0/1)" in texts(at.markdown)
     at.button(key="cancel-decode").click().run()
     assert fake.changes() == []
     assert "Confirm" not in texts(at.warning)
@@ -160,6 +165,8 @@ def test_scale_up_is_reviewed_then_sent(console: Console, fake: FakeController) 
     at = console(fake, "controls")
     review_pool(at, "decode", size=2)
     assert "Confirm — decode pool: 1 x TP2 → 2 x TP2" in texts(at.info)
+    assert "**start** a decode instance at TP 2 — decode pool below size (1/2)" in texts(
+        at.markdown)
     assert not at.warning
     at.button(key="confirm-decode").click().run()
     assert fake.changes() == [("PATCH", "/api/v1/pools/decode", {"size": 2})]
@@ -171,14 +178,14 @@ def test_scale_up_is_reviewed_then_sent(console: Console, fake: FakeController) 
 def test_refused_change_shows_the_detail_verbatim(console: Console,
                                                   fake: FakeController) -> None:
     at = console(fake, "controls")
-    review_pool(at, "decode", tp=3)
-    at.button(key="confirm-decode").click().run()
+    review_pool(at, "decode", tp=3)  # the dry run refuses it: nothing to confirm
     no_exceptions(at)
     detail = "TP 3 does not divide llama-3-70b's 64 attention heads"
     errors = texts(at.error)
     assert "Refused by the controller (HTTP 422); nothing was changed" in errors
     assert detail in errors
-    assert fake.targets[Role.DECODE].tp == 2
+    assert not [b for b in at.button if b.key == "confirm-decode"]
+    assert fake.changes() == [] and fake.targets[Role.DECODE].tp == 2
     assert not at.toast
 
 
@@ -186,9 +193,20 @@ def test_refused_capacity_change_detail_verbatim(console: Console,
                                                  fake: FakeController) -> None:
     at = console(fake, "controls")
     review_pool(at, "decode", size=100)
-    at.button(key="confirm-decode").click().run()
     assert ("prefill 1 x TP4, decode 100 x TP2 needs 204 accelerators placed "
             "TP-group-per-node, but the cluster has 4 node(s) x 8 = 32") in texts(at.error)
+    assert fake.changes() == []
+
+
+def test_a_change_refused_at_confirmation_shows_the_detail(console: Console,
+                                                           fake: FakeController) -> None:
+    at = console(fake, "controls")
+    review_pool(at, "decode", size=3)
+    fake.nodes = 1  # the cluster shrank between the review and the confirmation
+    at.button(key="confirm-decode").click().run()
+    no_exceptions(at)
+    assert "Refused by the controller (HTTP 422); nothing was changed" in texts(at.error)
+    assert fake.targets[Role.DECODE].size == 1
 
 
 def test_drain_needs_confirmation(console: Console, fake: FakeController) -> None:

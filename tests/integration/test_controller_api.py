@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from pdctl_api.schema import PoolPlanPublic, PoolSize, Role
 from tests.integration.harness import LONG_PROMPT, SHORT_PROMPT, ControllerProc, start_controller
 
 COMPONENTS = ("queue_ms", "prefill_ms", "transfer_ms", "decode_sched_ms", "overhead_ms")
@@ -130,6 +131,7 @@ def state_snapshot(ctl: ControllerProc) -> tuple[object, object, int]:
 
 @pytest.mark.parametrize("method,path,body", [
     ("GET", "/cluster", None), ("PATCH", "/pools/decode", {"size": 2}),
+    ("PATCH", "/pools/decode?dry_run=true", {"size": 2}),
     ("PATCH", "/routing", {"disagg_min_prompt_tokens": 1}), ("GET", "/requests", None),
     ("GET", "/stats", None), ("GET", "/advisor", None), ("GET", "/events", None),
     ("GET", "/instances", None), ("POST", "/instances/decode-2/drain", None),
@@ -167,6 +169,35 @@ def test_422_with_reason_changes_and_records_nothing(ctl: ControllerProc, path: 
     assert state_snapshot(ctl) == before
 
 
+@pytest.mark.parametrize("body,needle", [
+    ({"size": 100}, "accelerators"), ({"tp": 3}, "does not divide"), ({"size": 0}, "at least 1"),
+    ({"replicas": 2}, "replicas"), ({}, "nothing to change"),
+])
+def test_pool_dry_run_refuses_like_the_change_and_changes_nothing(
+        ctl: ControllerProc, body: object, needle: str) -> None:
+    before = state_snapshot(ctl)
+    r = ctl.api("PATCH", "/pools/decode?dry_run=true", body)
+    assert r.status_code == 422, r.text
+    assert needle in r.json()["detail"]
+    assert r.json() == ctl.api("PATCH", "/pools/decode", body).json()  # the same refusal
+    assert state_snapshot(ctl) == before
+
+
+def test_pool_dry_run_plans_a_scale_up_and_changes_nothing(ctl: ControllerProc) -> None:
+    before = state_snapshot(ctl)
+    r = ctl.api("PATCH", "/pools/decode?dry_run=true", {"size": 2})
+    assert r.status_code == 200, r.text
+    plan = PoolPlanPublic.model_validate(r.json())
+    assert (plan.role, plan.desired) == (Role.DECODE, PoolSize(size=2, tp=2))
+    starts = [a for a in plan.actions if a.kind == "start"]
+    assert starts and all((a.role, a.tp) == (Role.DECODE, 2) for a in starts), r.json()
+    assert all(a.reason for a in plan.actions)
+    assert state_snapshot(ctl) == before  # no audit event, desired pools as they were
+    assert ctl.get("/pools/decode")["desired"] == {"size": 1, "tp": 2}
+    schemas = httpx.get(f"{ctl.url}/openapi.json", timeout=10).json()["components"]["schemas"]
+    assert {"PoolPlanPublic", "PlannedAction", "ClusterPublic"} <= set(schemas)
+
+
 def test_accepted_changes_land_in_the_audit_log(ctl: ControllerProc) -> None:
     r = ctl.api("PATCH", "/routing", {"transfer_alert_share": 0.3, "prefill_policy":
                                       "least_loaded"})
@@ -201,6 +232,9 @@ def test_cli_status_scale_route(ctl: ControllerProc) -> None:
     assert "decode" in out.stdout and "converged" in out.stdout
     bad = pdctl(ctl, "tp", "decode", "3")
     assert bad.returncode == 1 and "does not divide" in bad.stderr
+    dry = pdctl(ctl, "scale", "decode", "2", "--dry-run")
+    assert dry.returncode == 0 and "next step: start decode at TP2" in dry.stdout
+    assert ctl.get("/pools/decode")["desired"]["size"] == 1
     ok = pdctl(ctl, "route", "disagg_min_prompt_tokens=300")
     assert ok.returncode == 0 and '"disagg_min_prompt_tokens": 300' in ok.stdout
     assert ctl.get("/events?limit=1")[0]["actor"] == "pdctl-cli"

@@ -1,0 +1,242 @@
+"""The one client of the controller's control API: a typed, synchronous ``PdctlClient`` with a
+method per route, each returning the route's model from ``pdctl_api.schema``, and ``ApiError``,
+the only exception it raises. The CLI (``pdctl status|scale|tp|route``) and the console both
+use it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from pdctl_api.schema import (
+    AdvisorPublic,
+    ClusterPublic,
+    EventPublic,
+    HealthPublic,
+    InstanceLogPublic,
+    InstancePublic,
+    InstanceState,
+    PoolPlanPublic,
+    PoolPublic,
+    RequestPublic,
+    Role,
+    RoutingPublic,
+    RoutingUpdate,
+    StatsPublic,
+    TimeseriesPublic,
+)
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+DEFAULT_STATE_DIR = Path(".pdctl")  # the controller's; its API token is STATE_DIR/token
+API = "/api/v1"
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+_INSTANCES = TypeAdapter(list[InstancePublic])
+_REQUESTS = TypeAdapter(list[RequestPublic])
+_EVENTS = TypeAdapter(list[EventPublic])
+_ADAPTERS: dict[type[BaseModel], TypeAdapter[Any]] = {}
+
+
+def _adapter(model: type[M]) -> TypeAdapter[M]:
+    if model not in _ADAPTERS:
+        _ADAPTERS[model] = TypeAdapter(model)
+    adapter: TypeAdapter[M] = _ADAPTERS[model]
+    return adapter
+
+
+class ApiError(Exception):
+    """A control-API call that did not succeed.
+
+    ``status`` is the HTTP status, or ``None`` when no answer came (unreachable controller,
+    timeout) or there was no token to send. ``detail`` is the API's ``detail`` as sent, and
+    ``field`` the field of a refused change when the controller names it.
+    """
+
+    def __init__(self, status: int | None, detail: str, url: str = "",
+                 field: str | None = None) -> None:
+        super().__init__(f"{status}: {detail}" if status else detail)
+        self.status = status
+        self.detail = detail
+        self.url = url
+        self.field = field
+
+    @property
+    def unreachable(self) -> bool:
+        return self.status is None
+
+    @property
+    def unauthorized(self) -> bool:
+        return self.status == 401
+
+    @property
+    def refused(self) -> bool:
+        """The controller understood the change and refused it (nothing was changed)."""
+        return self.status in (400, 404, 409, 422)
+
+
+def read_token(state_dir: Path) -> str | None:
+    """The token the controller keeps in ``state_dir/token``; None when unreadable or empty."""
+    try:
+        return (state_dir / "token").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _error(response: httpx.Response, url: str) -> ApiError:
+    try:
+        body = response.json()
+    except ValueError:
+        return ApiError(response.status_code, response.text or response.reason_phrase, url)
+    if isinstance(body, dict) and "detail" in body:
+        detail, field = body["detail"], body.get("field")
+        return ApiError(response.status_code, detail if isinstance(detail, str) else str(detail),
+                        url, field if isinstance(field, str) else None)
+    return ApiError(response.status_code, response.text, url)
+
+
+class PdctlClient:
+    """One controller, one token. ``actor`` goes to the audit log (``X-Pdctl-Actor``);
+    ``transport`` lets tests put a fake controller behind it."""
+
+    def __init__(self, base_url: str, token: str | None, *, actor: str = "api",
+                 timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        # Distinguishes clients in shared caches (two tests, two controllers, one URL).
+        self.cache_key = f"{self.base_url}#{uuid.uuid4().hex[:8]}"
+        headers = {"X-Pdctl-Actor": actor}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.Client(base_url=self.base_url, headers=headers,
+                                  timeout=httpx.Timeout(timeout_s, connect=min(2.0, timeout_s)),
+                                  transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> PdctlClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _send(self, method: str, path: str, params: Mapping[str, Any] | None = None,
+              body: Any = None, auth: bool = True) -> httpx.Response:
+        if auth and not self.token:
+            raise ApiError(None, "no API token", self.base_url)
+        try:
+            r = self._http.request(method, path, params=params, json=body)
+        except httpx.HTTPError as exc:
+            raise ApiError(None, f"{type(exc).__name__}: {exc}", self.base_url) from None
+        if r.status_code >= 400:
+            raise _error(r, self.base_url)
+        return r
+
+    def _call(self, into: TypeAdapter[T], method: str, path: str,
+              params: Mapping[str, Any] | None = None, body: Any = None) -> T:
+        """One authenticated call under ``/api/v1``, its answer validated into ``into``."""
+        return _parse(into, self._send(method, API + path, params, body), self.base_url)
+
+    # ---- reads -------------------------------------------------------------------------
+
+    def health(self) -> HealthPublic:
+        """``GET /healthz`` (needs no token)."""
+        return _parse(_adapter(HealthPublic), self._send("GET", "/healthz", auth=False),
+                      self.base_url)
+
+    def cluster(self) -> ClusterPublic:
+        return self._call(_adapter(ClusterPublic), "GET", "/cluster")
+
+    def pool(self, role: Role | str) -> PoolPublic:
+        return self._call(_adapter(PoolPublic), "GET", f"/pools/{Role(role)}")
+
+    def instances(self, role: Role | str | None = None,
+                  state: InstanceState | str | None = None) -> list[InstancePublic]:
+        params = {k: str(v) for k, v in (("role", role), ("state", state)) if v is not None}
+        return self._call(_INSTANCES, "GET", "/instances", params)
+
+    def instance(self, instance_id: str) -> InstancePublic:
+        return self._call(_adapter(InstancePublic), "GET", f"/instances/{instance_id}")
+
+    def instance_log(self, instance_id: str, lines: int = 100) -> InstanceLogPublic:
+        return self._call(_adapter(InstanceLogPublic), "GET", f"/instances/{instance_id}/log",
+                          {"lines": lines})
+
+    def routing(self) -> RoutingPublic:
+        return self._call(_adapter(RoutingPublic), "GET", "/routing")
+
+    def requests(self, limit: int = 100) -> list[RequestPublic]:
+        return self._call(_REQUESTS, "GET", "/requests", {"limit": limit})
+
+    def stats(self, window_s: float = 60.0) -> StatsPublic:
+        return self._call(_adapter(StatsPublic), "GET", "/stats", {"window_s": window_s})
+
+    def timeseries(self, window_s: float = 300.0, step_s: float = 5.0) -> TimeseriesPublic:
+        return self._call(_adapter(TimeseriesPublic), "GET", "/timeseries",
+                          {"window_s": window_s, "step_s": step_s})
+
+    def advisor(self, window_s: float = 600.0) -> AdvisorPublic:
+        return self._call(_adapter(AdvisorPublic), "GET", "/advisor", {"window_s": window_s})
+
+    def events(self, limit: int = 100, kind: str | None = None, since_id: int = 0
+               ) -> list[EventPublic]:
+        params: dict[str, Any] = {"limit": limit}
+        if kind:
+            params["kind"] = kind
+        if since_id:
+            params["since_id"] = since_id
+        return self._call(_EVENTS, "GET", "/events", params)
+
+    # ---- changes -----------------------------------------------------------------------
+
+    @staticmethod
+    def _pool_body(size: int | None, tp: int | None) -> dict[str, int]:
+        return {k: v for k, v in (("size", size), ("tp", tp)) if v is not None}
+
+    def set_pool(self, role: Role | str, size: int | None = None, tp: int | None = None
+                 ) -> PoolPublic:
+        """Change the pool's desired size and/or TP; the controller converges to it."""
+        return self._call(_adapter(PoolPublic), "PATCH", f"/pools/{Role(role)}",
+                          body=self._pool_body(size, tp))
+
+    def plan_pool(self, role: Role | str, size: int | None = None, tp: int | None = None
+                  ) -> PoolPlanPublic:
+        """The dry run of ``set_pool``: validated the same way, nothing changed, and the
+        actions the controller's next reconcile step would take."""
+        return self._call(_adapter(PoolPlanPublic), "PATCH", f"/pools/{Role(role)}",
+                          {"dry_run": "true"}, self._pool_body(size, tp))
+
+    def drain(self, instance_id: str) -> InstancePublic:
+        return self._call(_adapter(InstancePublic), "POST", f"/instances/{instance_id}/drain")
+
+    def set_routing(self, change: RoutingUpdate | Mapping[str, Any]) -> RoutingPublic:
+        """Change routing settings. A mapping is sent as given, for the controller to
+        validate (its refusal names the field); a ``RoutingUpdate`` sends its set fields."""
+        body = (change.model_dump(mode="json", exclude_unset=True)
+                if isinstance(change, RoutingUpdate) else dict(change))
+        return self._call(_adapter(RoutingPublic), "PATCH", "/routing", body=body)
+
+
+def _parse(into: TypeAdapter[T], response: httpx.Response, url: str) -> T:
+    try:
+        return into.validate_json(response.content)
+    except ValidationError as exc:
+        request = response.request
+        raise ApiError(response.status_code, f"unexpected answer to {request.method} "
+                       f"{request.url.path}: {_summary(exc)}", url) from None
+
+
+def _summary(exc: ValidationError) -> str:
+    parts = []
+    for e in exc.errors()[:3]:
+        loc = ".".join(str(p) for p in e.get("loc", ()))
+        parts.append(f"{loc}: {e.get('msg')}" if loc else str(e.get("msg")))
+    more = exc.error_count() - len(parts)
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")

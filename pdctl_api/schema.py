@@ -1,0 +1,465 @@
+"""The control API's contract (``/api/v1/*``, ``/healthz``): the JSON every route answers and
+accepts, as pydantic models, and the enums they share. The controller declares its routes with
+them, and the CLI and the console read the answers through them; nothing here knows how the
+controller computes a value.
+
+Fields an older controller does not send (``kv_integrity``, ``quarantine``, ``suspect``,
+``kv_handle``, the lease counters in ``nixl``) have defaults, so a newer client still reads it.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# ---- enums ---------------------------------------------------------------------------------
+
+
+class Role(enum.StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class InstanceState(enum.StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+    @classmethod
+    def terminal_states(cls) -> frozenset[InstanceState]:
+        return frozenset({cls.STOPPED, cls.FAILED})
+
+    @property
+    def terminal(self) -> bool:
+        return self in self.terminal_states()
+
+    @property
+    def routable(self) -> bool:
+        """Only a ready instance takes new requests."""
+        return self is InstanceState.READY
+
+    @property
+    def holds_accelerators(self) -> bool:
+        return not self.terminal
+
+    @property
+    def drainable(self) -> bool:
+        """The controller accepts an operator's drain of a ready or starting instance."""
+        return self in (InstanceState.READY, InstanceState.STARTING)
+
+
+class RequestPath(enum.StrEnum):
+    DISAGGREGATED = "disaggregated"
+    COLOCATED = "colocated"
+
+
+PolicyName = Literal["round_robin", "least_loaded"]
+Decision = Literal["colocate", "depends", "disaggregate", "strongly-disaggregate",
+                   "barely-pays"]
+ActionKind = Literal["start", "drain", "stop"]
+PARTS = ("queue", "prefill", "transfer", "decode_sched", "overhead")  # TTFT, in this order
+
+
+class Public(BaseModel):
+    """An answer of the API. Unknown fields (a newer controller's) are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+# ---- pools and instances -------------------------------------------------------------------
+
+
+class PoolSize(Public):
+    size: int
+    tp: int
+
+
+class PoolActual(Public):
+    ready: int
+    starting: int
+    draining: int
+    ready_at_desired_tp: int
+
+
+class QuarantinePublic(Public):
+    """A pool whose engines keep crashing in service: no new instance before it runs out."""
+
+    remaining_s: float
+    crashes: int
+    last_error: str
+
+
+class PoolPublic(Public):
+    """``GET|PATCH /api/v1/pools/{role}``, and each pool of ``/cluster``."""
+
+    desired: PoolSize
+    actual: PoolActual
+    converged: bool
+    quarantine: QuarantinePublic | None = None
+
+
+class LoadPublic(Public):
+    inflight: int = Field(description="requests the router has sent it and not finished")
+    running: float
+    waiting: float
+    kv_cache_usage: float
+
+
+class NixlPublic(Public):
+    """The engine's cumulative NIXL counters as the controller last polled them."""
+
+    transfers: float
+    seconds: float
+    bytes: float
+    recent_xfer_ms: float
+    kv_expired_requests: float | None = None
+    notifications_after_expiry: float | None = None
+
+
+class InstancePublic(Public):
+    """``GET /api/v1/instances[/{id}]``, ``POST .../drain``, each instance of ``/cluster``."""
+
+    id: str
+    role: Role
+    url: str
+    state: InstanceState
+    tp: int
+    accelerators: list[int] = Field(default_factory=list)
+    created_at: float
+    ready_at: float | None = None
+    load: LoadPublic
+    nixl: NixlPublic
+    last_error: str | None = None
+    pid: int | None = None
+
+
+class InstanceLogPublic(Public):
+    """``GET /api/v1/instances/{id}/log``: the tail of its engine's log."""
+
+    id: str
+    log: str
+
+
+class ModelPublic(Public):
+    name: str
+    served_name: str
+    params: float
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    kv_bytes_per_token: int
+
+
+class HardwarePublic(Public):
+    accelerator: str
+    accelerators_per_node: int
+    nodes: int
+    total_accelerators: int
+    used_accelerators: int
+    kv_link: str
+
+
+class RoutingPublic(Public):
+    """``GET|PATCH /api/v1/routing``: the routing settings in force."""
+
+    disagg_min_prompt_tokens: int
+    transfer_alert_share: float
+    prefill_policy: PolicyName
+    decode_policy: PolicyName
+    max_attempts: int
+    request_timeout_s: float
+
+
+class ClusterPublic(Public):
+    """``GET /api/v1/cluster``."""
+
+    model: ModelPublic
+    backend: str
+    hardware: HardwarePublic
+    pools: dict[Role, PoolPublic]
+    routing: RoutingPublic
+    instances: list[InstancePublic]
+
+
+# ---- the dry run of a pool change ----------------------------------------------------------
+
+
+class PlannedAction(Public):
+    """One step the planner would take: ``start`` names the role and TP of a new instance,
+    ``drain`` and ``stop`` the instance they act on."""
+
+    kind: ActionKind
+    instance_id: str | None = None
+    role: Role | None = None
+    tp: int | None = None
+    reason: str
+
+
+class PoolPlanPublic(Public):
+    """``PATCH /api/v1/pools/{role}?dry_run=true``: the change validated like the real one,
+    nothing changed, and what the next reconcile step would do for the pool."""
+
+    role: Role
+    desired: PoolSize
+    actions: list[PlannedAction]
+
+
+# ---- requests and their statistics ---------------------------------------------------------
+
+
+class RequestPublic(Public):
+    """``GET /api/v1/requests``: one finished request and where its TTFT went (ms)."""
+
+    id: str
+    started_at: float
+    endpoint: str
+    path: RequestPath
+    status: str = Field(description="ok | error | cancelled")
+    stream: bool
+    prompt_tokens: int
+    output_tokens: int
+    prefill_instance: str | None = None
+    decode_instance: str | None = None
+    queue_ms: float
+    prefill_ms: float
+    transfer_ms: float
+    decode_sched_ms: float
+    overhead_ms: float
+    ttft_ms: float
+    itl_ms: float
+    e2e_ms: float
+    kv_bytes: int
+    retries: int
+    error: str | None = None
+    kv_handle: str | None = None
+    suspect: bool = False
+
+
+class Percentiles(Public):
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+    max: float
+
+
+class Components(Public):
+    """One summary per TTFT part."""
+
+    queue: Percentiles
+    prefill: Percentiles
+    transfer: Percentiles
+    decode_sched: Percentiles
+    overhead: Percentiles
+
+    def part(self, name: str) -> Percentiles:
+        value: Percentiles = getattr(self, name)
+        return value
+
+
+class KvWindowPublic(Public):
+    bytes: float
+    bytes_per_s: float
+    transfer_gbps: float
+
+
+class TransferShare(Percentiles):
+    """transfer_ms / ttft_ms over disaggregated requests, and the alert on its median."""
+
+    alert_share: float
+    alert: bool
+
+
+class NixlTotals(Public):
+    transfers: float
+    bytes: float
+    seconds: float
+    gbps: float
+
+
+class PoolUtilization(Public):
+    ready_instances: int
+    inflight: int
+    running: float
+    waiting: float
+    busy_share: float
+    kv_cache_usage_mean: float
+    nixl: NixlTotals
+
+
+class KvIntegrityPublic(Public):
+    """Reads of KV blocks a prefill engine had already freed (lease expired)."""
+
+    expired_requests: float = 0.0
+    notifications_after_expiry: float = 0.0
+    expired_in_window: float = 0.0
+    after_expiry_in_window: float = 0.0
+    suspect_requests: int = 0
+    alert: bool = False
+
+
+class StatsPublic(Public):
+    """``GET /api/v1/stats?window_s=N``."""
+
+    window_s: float
+    requests: int
+    by_status: dict[str, int]
+    request_rate: float
+    disaggregated_share: float
+    ttft_ms: Percentiles
+    components_ms: Components
+    itl_ms: Percentiles
+    prompt_tokens: Percentiles
+    output_tokens: Percentiles
+    kv: KvWindowPublic
+    transfer_share: TransferShare
+    pools: dict[Role, PoolUtilization]
+    total_requests: int
+    kv_integrity: KvIntegrityPublic | None = None
+
+
+class TtftBucket(Public):
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+
+
+class PartsMean(Public):
+    """Mean of each TTFT part (they add up to the mean TTFT)."""
+
+    queue: float
+    prefill: float
+    transfer: float
+    decode_sched: float
+    overhead: float
+
+
+class BucketPublic(Public):
+    t: float
+    requests: int
+    rate: float
+    ok: int
+    errors: int
+    disaggregated: int
+    colocated: int
+    ttft_ms: TtftBucket
+    parts_mean_ms: PartsMean
+    kv_bytes: float
+    kv_bytes_per_s: float
+    transfer_gbps: float
+
+
+class TimeseriesPublic(Public):
+    """``GET /api/v1/timeseries?window_s=W&step_s=S``: buckets oldest first."""
+
+    window_s: float
+    step_s: float
+    now: float
+    buckets: list[BucketPublic]
+
+
+# ---- advice, audit log, health -------------------------------------------------------------
+
+
+class TrafficPublic(Public):
+    observed: bool
+    requests: int
+    mean_isl: float
+    mean_osl: float
+    short_request_share: float
+    note: str | None = None
+
+
+class FleetRatioPublic(Public):
+    decode_per_prefill_accelerators: float
+    decode_per_prefill_instances: float
+    prefill_cost_per_token_s: float
+    decode_cost_per_token_s: float
+    decode_batch: float
+    decode_batch_observed: bool
+    formula: str
+
+
+class VerdictPublic(Public):
+    decision: Decision
+    reasons: list[str]
+
+
+class KvTransferPublic(Public):
+    link: str
+    kv_bytes_at_mean_isl: int
+    wire_ms: float
+    transfer_ms: float
+    modelled_share_of_ttft: float
+    observed_share_of_ttft_p50: float | None = None
+    alert_share: float
+    transfer_dominant: bool
+
+
+class AdvisorPublic(Public):
+    """``GET /api/v1/advisor``: fleet ratio and disaggregate-or-colocate advice."""
+
+    traffic: TrafficPublic
+    fleet_ratio: FleetRatioPublic
+    verdict: VerdictPublic
+    kv_transfer: KvTransferPublic
+
+
+class EventPublic(Public):
+    """``GET /api/v1/events``: one audit-log entry; ``before``/``after`` are any JSON."""
+
+    id: int
+    ts: float
+    actor: str
+    kind: str
+    target: str
+    before: Any = None
+    after: Any = None
+    detail: str | None = None
+
+
+class HealthPublic(Public):
+    """``GET /healthz`` (no token): ready instances per pool."""
+
+    status: str
+    ready: dict[Role, int]
+
+
+# ---- request bodies ------------------------------------------------------------------------
+
+
+class PoolUpdate(BaseModel):
+    """``PATCH /api/v1/pools/{role}`` body: the new desired size and/or TP."""
+
+    model_config = ConfigDict(extra="forbid")
+    size: int | None = Field(None, ge=0, le=10_000)
+    tp: int | None = Field(None, ge=1, le=1024)
+
+
+class RoutingUpdate(BaseModel):
+    """``PATCH /api/v1/routing`` body: only the fields to change."""
+
+    model_config = ConfigDict(extra="forbid")
+    disagg_min_prompt_tokens: int | None = Field(None, ge=0)
+    transfer_alert_share: float | None = Field(None, gt=0, le=1)
+    prefill_policy: PolicyName | None = None
+    decode_policy: PolicyName | None = None
+    max_attempts: int | None = Field(None, ge=1, le=10)
+    request_timeout_s: float | None = Field(None, gt=0)
+
+
+ROUTING_FIELDS = tuple(RoutingUpdate.model_fields)
+
+
+class ErrorPublic(BaseModel):
+    """Every control-API error: ``detail`` says why; ``field`` names the offending field of a
+    refused change when the controller knows it."""
+
+    detail: str
+    field: str | None = None
