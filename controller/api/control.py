@@ -1,9 +1,8 @@
 """Control plane routes (``/api/v1/*``): token auth, ``{"detail": ...}`` errors, and every
 answer declared as its ``pdctl_api.schema`` model (``response_model``, also in /openapi.json).
 
-Each route builds its model from what the controller objects return (``*.public()``,
-``pool_view``, ``stats`` ...) in one obvious place, so that they can later produce the models
-themselves."""
+Each model is built in one place from what its owner returns (``Instance.public`` with the
+routing table's in-flight count, ``Fleet.pool_view``, ``stats`` ...)."""
 
 from __future__ import annotations
 
