@@ -43,7 +43,7 @@ prometheus:
 	    --no-install-recommends prometheus; }
 
 lint: $(STAMP)
-	$(BIN)/ruff check controller dashboard pdctl_api tests scripts
+	$(BIN)/ruff check controller dashboard pdctl_api tests bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -72,10 +72,10 @@ $(GUIDELLM):
 	$(BENCH_VENVS)/venv-guidellm/bin/pip install -q torch==2.13.0 guidellm==0.8.1
 
 bench: $(STAMP) $(LAB_MODEL)/model.safetensors $(VLLM_ROUTER) $(GUIDELLM)
-	$(BIN)/python scripts/bench_all.py
+	$(BIN)/python -m bench
 
 bench-router: $(STAMP) $(VLLM_ROUTER)
-	$(BIN)/python scripts/bench_router.py
+	$(BIN)/python -m bench.router
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENVS) .pdctl .pytest_cache .mypy_cache .ruff_cache

@@ -1,33 +1,25 @@
-"""Real processes for integration tests: a ``pdctl controller`` with simulated engines, and a
-load generator that counts every client-visible failure."""
+"""Real processes for integration tests: a ``pdctl controller`` with simulated engines (started
+and stopped by ``bench.fleet``, as the benchmarks start theirs), the tests' controller config,
+and a load generator that counts every client-visible failure."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
+
+from bench import fleet
+from bench.fleet import ControllerProc, free_port
+
+__all__ = ["LONG_PROMPT", "SHORT_PROMPT", "ControllerProc", "Load", "LoadResult", "base_config",
+           "free_port", "start_controller"]
 
 LONG_PROMPT = "the quick brown fox jumps over the lazy dog " * 60  # ~660 tokens: disaggregated
 SHORT_PROMPT = "hello there"  # colocated
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def base_config(state_dir: Path, port: int, **extra: Any) -> dict[str, Any]:
@@ -44,89 +36,14 @@ def base_config(state_dir: Path, port: int, **extra: Any) -> dict[str, Any]:
     return cfg
 
 
-@dataclass
-class ControllerProc:
-    proc: subprocess.Popen[bytes]
-    url: str
-    state_dir: Path
-    log_path: Path
-
-    @property
-    def token(self) -> str:
-        return (self.state_dir / "token").read_text().strip()
-
-    def api(self, method: str, path: str, body: Any = None, token: str | None = "default"
-            ) -> httpx.Response:
-        headers = {}
-        if token is not None:
-            headers["Authorization"] = f"Bearer {self.token if token == 'default' else token}"
-        return httpx.request(method, f"{self.url}/api/v1{path}", json=body, headers=headers,
-                             timeout=30)
-
-    def get(self, path: str) -> Any:
-        r = self.api("GET", path)
-        r.raise_for_status()
-        return r.json()
-
-    def wait(self, pred: Callable[[], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if pred():
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n"
-                             f"{json.dumps(self.get('/cluster')['pools'], indent=1)}")
-
-    def converged(self) -> bool:
-        pools = self.get("/cluster")["pools"]
-        return all(p["converged"] for p in pools.values())
-
-    def wait_converged(self, timeout: float = 60.0) -> None:
-        self.wait(self.converged, timeout, "pools to converge")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-
 def start_controller(tmp: Path, config: dict[str, Any] | None = None,
                      wait_ready: bool = True) -> ControllerProc:
-    port = free_port()
-    state_dir = tmp / "state"
-    cfg = base_config(state_dir, port, **(config or {}))
-    cfg_path = tmp / "pdctl.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    log_path = tmp / "controller.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "controller.cli", "controller", "--config", str(cfg_path)],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    ctl = ControllerProc(proc, f"http://127.0.0.1:{port}", state_dir, log_path)
-    deadline = time.monotonic() + 30
-    while True:
-        if proc.poll() is not None:
-            raise AssertionError(f"controller exited {proc.returncode}:\n{ctl.log()}")
-        try:
-            if httpx.get(f"{ctl.url}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            ctl.stop()
-            raise AssertionError(f"controller did not come up:\n{ctl.log()}")
-        time.sleep(0.1)
-    if wait_ready:
-        ctl.wait_converged()
-    return ctl
+    """A ``pdctl controller`` on ``base_config`` + ``config``: ``tmp/pdctl.yaml``, state in
+    ``tmp/state``, log ``tmp/controller.log``; up (and its pools converged with
+    ``wait_ready``). Stop it with ``ControllerProc.stop``."""
+    cfg = base_config(tmp / "state", free_port(), **(config or {}))
+    return fleet.start_controller(tmp, cfg, config_file="pdctl.yaml",
+                                  wait="converged" if wait_ready else "up")
 
 
 @dataclass

@@ -1,13 +1,13 @@
-#!/usr/bin/env python3
 """Raw NIXL host-to-host bandwidth on this machine, the baseline for the lab's KV transfers.
 
 Two NIXL agents (UCX backend) in one process; the reader pulls a registered DRAM buffer of
 the other agent, as a decode engine pulls a prefill engine's KV blocks. Each size is moved
 ``--repeat`` times and checked byte for byte; a plain memcpy of the same size is measured in
-the same run as the machine's ceiling. Optionally compares with the NIXL bandwidth the real
-lab's decode engines reported to a running controller (``--controller URL --token T``).
+the same run as the machine's ceiling (medians of the repeats, ``bench.stats``). Optionally
+compares with the NIXL bandwidth the real lab's decode engines reported to a running
+controller (``--controller URL --token T``).
 
-    .venv/bin/python scripts/bench_nixl.py [--sizes 786432 16777216 268435456]
+    .venv/bin/python -m bench.nixl [--sizes 786432 16777216 268435456]
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import uuid
 
 import httpx
 import numpy as np
+
+from bench import stats
 
 
 def nixl_read_seconds(nbytes: int, repeat: int) -> list[float]:
@@ -63,23 +65,24 @@ def memcpy_seconds(nbytes: int, repeat: int) -> list[float]:
 
 
 def lab_gbps(url: str, token: str) -> float:
-    stats = httpx.get(f"{url}/api/v1/stats", headers={"Authorization": f"Bearer {token}"},
-                      timeout=10).json()
-    return float(stats["pools"]["decode"]["nixl"]["gbps"])
+    data = httpx.get(f"{url}/api/v1/stats", headers={"Authorization": f"Bearer {token}"},
+                     timeout=10).json()
+    return float(data["pools"]["decode"]["nixl"]["gbps"])
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.nixl",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[786_432, 16 << 20, 256 << 20])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--controller", help="a running lab controller to compare with")
     ap.add_argument("--token", help="its API token")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     print(f"{'bytes':>12} | {'NIXL read median':>16} {'GB/s':>7} | {'memcpy GB/s':>11} | "
           f"{'NIXL/memcpy':>11}")
     for n in args.sizes:
-        nixl = sorted(nixl_read_seconds(n, args.repeat))[args.repeat // 2]
-        copy = sorted(memcpy_seconds(n, args.repeat))[args.repeat // 2]
+        nixl = stats.median(nixl_read_seconds(n, args.repeat))
+        copy = stats.median(memcpy_seconds(n, args.repeat))
         print(f"{n:>12} | {nixl * 1e3:>14.3f}ms {n / nixl / 1e9:>7.2f} | "
               f"{n / copy / 1e9:>11.2f} | {copy / nixl:>11.2f}")
     if args.controller and args.token:
