@@ -79,7 +79,7 @@ HARDWARE: dict[str, HardwareProfile] = {
         HardwareProfile("h200", 989e12, 4.8e12, 141e9, 8, "NVIDIA H200 141GB"),
         HardwareProfile("a100-80gb", 312e12, 2.039e12, 80 * GIB, 8, "NVIDIA A100 SXM 80GB"),
         # One x86 core of the 2-core lab machine counted as one "accelerator". Effective
-        # figures, calibrated with scripts/bench_lab.py (guidellm, synchronous, mixed 20-68 /
+        # figures, calibrated with bench/lab.py (guidellm, synchronous, mixed 20-68 /
         # 275-1006-token prompts) against the real P/D lab: decode ITL p50 ~19-23 ms and
         # prefill ~1.1 s for the median long prompt (which the sim counts as 411 tokens) on a
         # shared, loaded box with NIXL's progress threads busy. They absorb vLLM's per-step
