@@ -453,5 +453,9 @@ def start_controller(workdir: Path, config: dict[str, Any], *, name: str = "cont
                              f"{tail(log_path, 40)}")
         time.sleep(0.1)
     if wait == "converged":
-        ctl.wait_converged()
+        try:
+            ctl.wait_converged()
+        except BaseException:
+            ctl.stop()  # a controller whose pools never converged is not left running
+            raise
     return ctl
