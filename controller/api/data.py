@@ -18,7 +18,7 @@ from starlette.requests import Request
 
 from controller.api.state import AppState, app_state
 from controller.errors import RoutingError
-from controller.router.answer import Answer, error_body
+from controller.router.answer import Answer, error_body, internal_error
 from controller.router.proxy import Proxy
 
 log = logging.getLogger("pdctl.router")
@@ -122,8 +122,7 @@ async def serve(proxy: Proxy, endpoint: str, scope: Scope, receive: Receive, sen
         # A bug while answering (recorded by ``serve``): the client still gets an answer.
         log.exception("%s: unexpected error", ctx.rid)
         if not ex.started:
-            await ex.respond(*error_body(RuntimeError(f"internal error in the router: {exc}")),
-                             ctx.rid)
+            await ex.respond(*error_body(RuntimeError(internal_error(exc))), ctx.rid)
     finally:
         watch.cancel()
 

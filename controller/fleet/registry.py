@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from controller.fleet.observer import Load
 from controller.models import Instance, InstanceState, Role
@@ -152,7 +151,3 @@ class Registry:
         self._ready[role] = members
         if self._on_members is not None:
             self._on_members(role, members)
-
-    def counts(self, role: Role) -> dict[str, Any]:
-        mine = [i for i in self._instances.values() if i.role is role]
-        return {s.value: sum(1 for i in mine if i.state is s) for s in InstanceState}
