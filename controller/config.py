@@ -109,7 +109,13 @@ class RoutingSettings(Strict):
     prefill_policy: PolicyName = "round_robin"
     decode_policy: PolicyName = "least_loaded"
     max_attempts: int = Field(3, ge=1, le=10, description="instances tried per hop")
-    request_timeout_s: float = Field(600.0, gt=0)
+    request_timeout_s: float = Field(600.0, gt=0, le=86_400, allow_inf_nan=False)
+    max_inflight: int = Field(1024, ge=0, le=1_000_000, description=(
+        "client requests in flight in this controller; one more is answered 429 with "
+        "Retry-After at once (0: no limit)"))
+    max_inflight_per_instance: int = Field(0, ge=0, le=1_000_000, description=(
+        "requests the router has in flight on one instance; a full instance gets no new one "
+        "(a full prefill pool: served colocated; a full decode pool: 429) (0: no limit)"))
 
 
 class KvSettings(Strict):
@@ -171,6 +177,16 @@ class ControllerSettings(Strict):
                                   "crash_window_s before its restarts back off (quarantine)")
     health_timeout_s: float = Field(2.0, gt=0, description="answer time of one health check")
     request_buffer: int = Field(100_000, ge=100)
+    max_connections: int = Field(4096, ge=1, description=(
+        "client connections (and requests) at once; beyond it the listener answers 503"))
+    header_timeout_s: float = Field(10.0, gt=0, description=(
+        "a connection that does not send a request's headers within this is closed (408)"))
+    keep_alive_s: float = Field(75.0, gt=0, description=(
+        "an idle keep-alive connection is closed after this"))
+    body_timeout_s: float = Field(60.0, gt=0, description=(
+        "a data-plane request whose body is not all there within this is answered 408"))
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description=(
+        "a data-plane request body larger than this is answered 413"))
 
 
 class PrometheusSettings(Strict):
@@ -235,6 +251,15 @@ class Settings(BaseSettings):
         if dtype in DTYPE_BYTES:
             profile = dataclasses.replace(profile, dtype_bytes=DTYPE_BYTES[dtype])
         return profile
+
+    @property
+    def context_len(self) -> int | None:
+        """Prompt plus completion tokens the engines accept; None where unknown."""
+        if self.backend == "external":
+            return None
+        if self.backend == "sim":  # the simulator runs the preset of this name
+            return profiles.model(self.model.name).max_model_len
+        return self.vllm.max_model_len or self.model_profile.max_model_len
 
     @property
     def kv_block_size(self) -> int:

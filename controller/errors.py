@@ -41,9 +41,19 @@ class LaunchError(PdctlError):
 # ---- data plane ------------------------------------------------------------------------
 
 class RoutingError(PdctlError):
-    """A client request could not be served; carries the OpenAI error type."""
+    """A client request could not be served; carries the OpenAI error type and, for a
+    client's mistake, the request field (``param``) it is about."""
 
     error_type = "server_error"
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+    @property
+    def rejected(self) -> bool:
+        """The request was refused (a client error or admission), not failed."""
+        return 400 <= self.status_code < 500
 
 
 class NoInstanceAvailable(RoutingError):
@@ -54,6 +64,37 @@ class NoInstanceAvailable(RoutingError):
 class BadRequest(RoutingError):
     status_code = 400
     error_type = "invalid_request_error"
+
+
+class ModelNotFound(RoutingError):
+    status_code = 404
+    error_type = "invalid_request_error"
+
+
+class RequestTimeout(RoutingError):
+    """The client did not send its whole body in time."""
+
+    status_code = 408
+    error_type = "invalid_request_error"
+
+
+class PayloadTooLarge(RoutingError):
+    status_code = 413
+    error_type = "invalid_request_error"
+
+
+class UnsupportedMediaType(RoutingError):
+    status_code = 415
+    error_type = "invalid_request_error"
+
+
+class Overloaded(RoutingError):
+    """Admission control: more requests in flight than the configured limit. The client
+    may retry after ``retry_after_s``."""
+
+    status_code = 429
+    error_type = "rate_limit_exceeded"
+    retry_after_s = 1
 
 
 class UpstreamUnreachable(RoutingError):

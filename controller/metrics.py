@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -79,6 +79,25 @@ class FleetCollector(Collector):
         yield from counters.values()
 
 
+class AdmissionCollector(Collector):
+    """Requests in flight in the controller and the admission limits, read at scrape time."""
+
+    def __init__(self, inflight: Callable[[], int],
+                 limits: Callable[[], tuple[int, int]]) -> None:
+        self._inflight, self._limits = inflight, limits
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        total, per_instance = self._limits()
+        yield GaugeMetricFamily("pdctl_inflight_requests",
+                                "Client requests in flight in the controller",
+                                value=self._inflight())
+        yield GaugeMetricFamily("pdctl_inflight_limit", "routing.max_inflight: more requests "
+                                "in flight are refused with 429 (0: no limit)", value=total)
+        yield GaugeMetricFamily("pdctl_inflight_per_instance_limit",
+                                "routing.max_inflight_per_instance (0: no limit)",
+                                value=per_instance)
+
+
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -110,10 +129,17 @@ class Metrics:
         self.kv_suspect = Counter(
             "pdctl_kv_suspect_requests", "Requests whose decode hop read KV blocks that the "
             "prefill engine reported as already freed (output may be wrong)", registry=r)
+        self.admission_refused = Counter(
+            "pdctl_admission_refused", "Client requests answered 429 by admission control "
+            "(routing.max_inflight, routing.max_inflight_per_instance)", registry=r)
         self._parts = [(f"{name}_ms", self.component.labels(name)) for name in PARTS]
 
     def attach(self, fleet: Fleet) -> None:
         self.registry.register(FleetCollector(fleet))
+
+    def attach_admission(self, inflight: Callable[[], int],
+                         limits: Callable[[], tuple[int, int]]) -> None:
+        self.registry.register(AdmissionCollector(inflight, limits))
 
     def observe(self, rec: RequestRecord) -> None:
         self.requests.labels(rec.path.value, rec.status).inc()

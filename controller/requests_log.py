@@ -36,7 +36,7 @@ def _summaries(columns: np.ndarray) -> list[dict[str, float]]:
              "mean": float(means[k]), "max": float(maxes[k])} for k in range(columns.shape[1])]
 
 
-STATUSES = ("ok", "error", "cancelled")
+STATUSES = ("ok", "error", "cancelled", "rejected")
 NUMERIC = ("started_at", "ttft_ms", *COMPONENTS, "prompt_tokens", "output_tokens", "itl_ms",
            "kv_bytes")
 _numeric_row = attrgetter(*NUMERIC)

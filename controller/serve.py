@@ -18,6 +18,7 @@ import uvicorn
 from controller import console_launch as console
 from controller import cpu_features, prometheus
 from controller.api import create_app
+from controller.api.listener import server_config
 from controller.api.state import AppState
 from controller.config import Settings, deep_merge, load_settings
 from controller.errors import ConfigError, InvalidChange
@@ -113,11 +114,7 @@ def _serve(settings: Settings, after_start: Any = None) -> int:
     raise_fd_limit()
     app = create_app(settings)
     cs = settings.controller
-    config = uvicorn.Config(app, host=cs.host, port=cs.port, log_level="warning",
-                            access_log=False, proxy_headers=False,
-                            timeout_graceful_shutdown=10,
-                            timeout_keep_alive=75)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(server_config(app, cs))
 
     async def main() -> None:
         extra = asyncio.create_task(after_start(app.state.pdctl)) if after_start else None

@@ -56,6 +56,12 @@ def prompt_of(body: dict[str, Any]) -> str | list[int]:
 
 
 class TokenCounter(Protocol):
+    """``exact``: a completion prompt's count is the engines' own; ``exact_chat``: so is a
+    chat prompt's (only when the engines count the same way, as the simulator does)."""
+
+    exact: bool
+    exact_chat: bool
+
     def count(self, body: dict[str, Any]) -> int: ...
 
 
@@ -63,6 +69,9 @@ class EstimatingCounter:
     """Counts with the byte-length fallback."""
 
     name = "estimate (utf-8 bytes / 4)"
+
+    def __init__(self, exact: bool = False) -> None:
+        self.exact = self.exact_chat = exact
 
     def count(self, body: dict[str, Any]) -> int:
         prompt = prompt_of(body)
@@ -72,11 +81,14 @@ class EstimatingCounter:
 class TokenizerCounter:
     """Counts with the model's own ``tokenizer.json``."""
 
-    def __init__(self, tokenizer_file: Path) -> None:
+    exact_chat = False  # no chat template here
+
+    def __init__(self, tokenizer_file: Path, exact: bool = False) -> None:
         from tokenizers import Tokenizer
 
         self._tok = Tokenizer.from_file(str(tokenizer_file))
         self.name = f"tokenizer {tokenizer_file}"
+        self.exact = exact
 
     def count(self, body: dict[str, Any]) -> int:
         prompt = prompt_of(body)
@@ -85,8 +97,10 @@ class TokenizerCounter:
         return len(self._tok.encode(prompt, add_special_tokens=True).ids) if prompt else 0
 
 
-def make_counter(model_dir: Path | None) -> TokenCounter:
-    """The model's tokenizer when ``model_dir/tokenizer.json`` exists, else the estimate."""
+def make_counter(model_dir: Path | None, backend: str = "external") -> TokenCounter:
+    """The model's tokenizer when ``model_dir/tokenizer.json`` exists, else the estimate.
+    Exact where the engines of ``backend`` count alike: vLLM with the same tokenizer, the
+    simulator with the same estimate."""
     if model_dir is not None and (model_dir / "tokenizer.json").is_file():
-        return TokenizerCounter(model_dir / "tokenizer.json")
-    return EstimatingCounter()
+        return TokenizerCounter(model_dir / "tokenizer.json", exact=backend == "vllm")
+    return EstimatingCounter(exact=backend == "sim")

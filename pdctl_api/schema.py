@@ -173,6 +173,8 @@ class RoutingPublic(Public):
     decode_policy: PolicyName
     max_attempts: int
     request_timeout_s: float
+    max_inflight: int = 0  # 0: no limit (also what an older controller means)
+    max_inflight_per_instance: int = 0
 
 
 class ClusterPublic(Public):
@@ -219,7 +221,8 @@ class RequestPublic(Public):
     started_at: float
     endpoint: str
     path: RequestPath
-    status: str = Field(description="ok | error | cancelled")
+    status: str = Field(description="ok | error (the fleet failed it) | cancelled (the client "
+                        "left) | rejected (refused: a malformed request, admission control)")
     stream: bool
     prompt_tokens: int
     output_tokens: int
@@ -303,6 +306,16 @@ class KvIntegrityPublic(Public):
     alert: bool = False
 
 
+class AdmissionPublic(Public):
+    """Admission control now: client requests in flight against ``routing.max_inflight``
+    (0: no limit), and the requests refused with 429 since the controller started."""
+
+    inflight: int
+    max_inflight: int
+    max_inflight_per_instance: int
+    refused_total: int
+
+
 class StatsPublic(Public):
     """``GET /api/v1/stats?window_s=N``."""
 
@@ -320,6 +333,7 @@ class StatsPublic(Public):
     transfer_share: TransferShare
     pools: dict[Role, PoolUtilization]
     total_requests: int
+    admission: AdmissionPublic | None = None
     kv_integrity: KvIntegrityPublic | None = None
 
 
@@ -435,23 +449,29 @@ class HealthPublic(Public):
 
 
 class PoolUpdate(BaseModel):
-    """``PATCH /api/v1/pools/{role}`` body: the new desired size and/or TP."""
+    """``PATCH /api/v1/pools/{role}`` body: the new desired size and/or TP. Strict: a number
+    as a string, a float or a boolean is refused, as is an unknown field."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     size: int | None = Field(None, ge=0, le=10_000)
     tp: int | None = Field(None, ge=1, le=1024)
 
 
 class RoutingUpdate(BaseModel):
-    """``PATCH /api/v1/routing`` body: only the fields to change."""
+    """``PATCH /api/v1/routing`` body: only the fields to change. Strict like
+    ``PoolUpdate``; numbers finite and bounded."""
 
-    model_config = ConfigDict(extra="forbid")
-    disagg_min_prompt_tokens: int | None = Field(None, ge=0)
-    transfer_alert_share: float | None = Field(None, gt=0, le=1)
+    model_config = ConfigDict(extra="forbid", strict=True)
+    disagg_min_prompt_tokens: int | None = Field(None, ge=0, le=10_000_000)
+    transfer_alert_share: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     prefill_policy: PolicyName | None = None
     decode_policy: PolicyName | None = None
     max_attempts: int | None = Field(None, ge=1, le=10)
-    request_timeout_s: float | None = Field(None, gt=0)
+    request_timeout_s: float | None = Field(None, gt=0, le=86_400, allow_inf_nan=False)
+    max_inflight: int | None = Field(None, ge=0, le=1_000_000, description=(
+        "client requests in flight in the controller; more are answered 429 (0: no limit)"))
+    max_inflight_per_instance: int | None = Field(None, ge=0, le=1_000_000, description=(
+        "requests in flight on one instance (0: no limit)"))
 
 
 ROUTING_FIELDS = tuple(RoutingUpdate.model_fields)

@@ -24,6 +24,8 @@ from starlette.responses import JSONResponse, Response
 
 from controller import prometheus
 from controller.api import control, data
+from controller.api.asgi import ASGIApp
+from controller.api.gate import ControlGate
 from controller.api.state import AppState
 from controller.config import Settings
 from controller.errors import InvalidChange, PdctlError
@@ -76,8 +78,10 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
     metrics = Metrics()
     metrics.attach(fleet)
     requests = RequestLog(settings.controller.request_buffer)
-    proxy = Proxy(settings, table, upstream, make_counter(settings.model.path), requests,
-                  metrics)
+    proxy = Proxy(settings, table, upstream,
+                  make_counter(settings.model.path, settings.backend), requests, metrics)
+    metrics.attach_admission(lambda: proxy.inflight, lambda: (
+        table.settings.max_inflight, table.settings.max_inflight_per_instance))
     return AppState(settings, store, fleet, table, proxy, requests, metrics, upstream,
                     ensure_token(state_dir), LeaseWatch(requests, metrics, store))
 
@@ -115,10 +119,12 @@ def _detail(exc: PdctlError) -> dict[str, Any]:
 
 class ControllerApp(FastAPI):
     """FastAPI for the control API, with the data plane (``data.DataPlane``) outermost: the
-    inference routes skip every framework layer, error middleware included."""
+    inference routes skip every framework layer, error middleware included. Next comes the
+    control API's gate (``gate.ControlGate``): token and media type before any body is read."""
 
-    def build_middleware_stack(self) -> data.ASGIApp:
-        return data.DataPlane(super().build_middleware_stack(), self.state.pdctl)
+    def build_middleware_stack(self) -> ASGIApp:
+        st: AppState = self.state.pdctl
+        return data.DataPlane(ControlGate(super().build_middleware_stack(), st.token), st)
 
 
 def create_app(settings: Settings, launcher: Launcher | None = None) -> FastAPI:

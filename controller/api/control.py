@@ -1,21 +1,28 @@
-"""Control plane routes (``/api/v1/*``): token auth, ``{"detail": ...}`` errors, and every
-answer declared as its ``pdctl_api.schema`` model (``response_model``, also in /openapi.json).
+"""Control plane routes (``/api/v1/*``): ``{"detail": ...}`` errors, strict request bodies
+and bounded parameters, and every answer declared as its ``pdctl_api.schema`` model
+(``response_model``, also in /openapi.json).
+
+The token and the body's media type are checked before this (``gate.ControlGate``); the
+bearer scheme is declared here so that the OpenAPI document says so. Every route runs on the
+event loop, never in a thread beside it, and every change runs under ``AppState.writes``:
+read, validate, apply, persist and record happen as one step, so the API, ``state.db`` and
+the audit log agree, in order.
 
 Each model is built in one place from what its owner returns (``Instance.public`` with the
 routing table's in-flight count, ``Fleet.pool_view``, ``stats`` ...)."""
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Security
+from fastapi.security import HTTPBearer
 from starlette.requests import Request
 
 from controller import advisor, profiles
 from controller.api.state import AppState, app_state
-from controller.errors import InvalidChange, NotFound, Unauthorized
+from controller.errors import InvalidChange, NotFound
 from controller.models import Instance, InstanceState, Role
 from controller.reconciler import Action, Drain, Start
 from controller.requests_log import stats, timeseries
@@ -38,21 +45,17 @@ from pdctl_api.schema import (
     TimeseriesPublic,
 )
 
-
-def require_token(request: Request) -> None:
-    expected = app_state(request).token
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip(), expected):
-        raise Unauthorized("missing or invalid bearer token (see STATE_DIR/token)")
-
-
+# Declares the scheme in the OpenAPI document; ``ControlGate`` enforces it.
+BEARER = HTTPBearer(auto_error=False, description="the token in STATE_DIR/token")
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorPublic, "description": "missing or invalid bearer token"},
     404: {"model": ErrorPublic, "description": "no such instance"},
-    422: {"model": ErrorPublic, "description": "refused: the reason, nothing was changed"},
+    415: {"model": ErrorPublic, "description": "a body not sent as application/json"},
+    422: {"model": ErrorPublic, "description": "refused: the field and the reason; nothing "
+          "was changed"},
 }
-router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token)], responses=ERRORS)
+router = APIRouter(prefix="/api/v1", dependencies=[Security(BEARER)], responses=ERRORS)
+MAX_EVENT_ID = 2**63 - 1  # SQLite's INTEGER
 State = Annotated[AppState, Depends(app_state)]
 
 
@@ -73,11 +76,20 @@ def planned(action: Action) -> PlannedAction:
 
 
 def actor(request: Request) -> str:
-    return request.headers.get("x-pdctl-actor", "api")
+    """Who the audit log names for a change: ``X-Pdctl-Actor`` (the CLI and the console set
+    it), else ``api``."""
+    values = request.headers.getlist("x-pdctl-actor")
+    if not values:
+        return "api"
+    name = values[0]
+    if len(values) > 1 or not 0 < len(name) <= 64 or not name.isprintable():
+        raise InvalidChange("X-Pdctl-Actor: one header of 1 to 64 printable characters",
+                            "x-pdctl-actor")
+    return name
 
 
 @router.get("/cluster", response_model=ClusterPublic)
-def get_cluster(st: State) -> ClusterPublic:
+async def get_cluster(st: State) -> ClusterPublic:
     s, f = st.settings, st.fleet
     m = s.model_profile
     return ClusterPublic.model_validate({
@@ -98,11 +110,11 @@ def get_cluster(st: State) -> ClusterPublic:
 
 
 @router.patch("/pools/{role}", response_model=PoolPublic | PoolPlanPublic)
-def patch_pool(role: Role, body: PoolUpdate, st: State, request: Request,
-               dry_run: Annotated[bool, Query(description=(
-                   "validate the change exactly like the real one, change nothing, and "
-                   "answer the actions the next reconcile step would take"))] = False
-               ) -> PoolPublic | PoolPlanPublic:
+async def patch_pool(role: Role, body: PoolUpdate, st: State, request: Request,
+                     dry_run: Annotated[bool, Query(description=(
+                         "validate the change exactly like the real one, change nothing, and "
+                         "answer the actions the next reconcile step would take"))] = False
+                     ) -> PoolPublic | PoolPlanPublic:
     if dry_run:
         actions = st.fleet.preview_pool(role, body.size, body.tp)
         now = st.fleet.targets[role]
@@ -110,24 +122,25 @@ def patch_pool(role: Role, body: PoolUpdate, st: State, request: Request,
             role=role, desired=PoolSize(size=now.size if body.size is None else body.size,
                                         tp=now.tp if body.tp is None else body.tp),
             actions=[planned(a) for a in actions])
-    st.fleet.set_pool(role, body.size, body.tp, actor(request))
-    return pool_view(st, role)
+    async with st.writes:
+        st.fleet.set_pool(role, body.size, body.tp, actor(request))
+        return pool_view(st, role)
 
 
 @router.get("/pools/{role}", response_model=PoolPublic)
-def get_pool(role: Role, st: State) -> PoolPublic:
+async def get_pool(role: Role, st: State) -> PoolPublic:
     return pool_view(st, role)
 
 
 @router.get("/instances", response_model=list[InstancePublic])
-def list_instances(st: State, role: Role | None = None,
-                   state: InstanceState | None = None) -> list[InstancePublic]:
+async def list_instances(st: State, role: Role | None = None,
+                         state: InstanceState | None = None) -> list[InstancePublic]:
     return [instance_view(st, i) for i in st.fleet.registry
             if (role is None or i.role is role) and (state is None or i.state is state)]
 
 
 @router.get("/instances/{instance_id}", response_model=InstancePublic)
-def get_instance(instance_id: str, st: State) -> InstancePublic:
+async def get_instance(instance_id: str, st: State) -> InstancePublic:
     inst = st.fleet.registry.get(instance_id)
     if inst is None:
         raise NotFound(f"no instance {instance_id!r}")
@@ -135,8 +148,8 @@ def get_instance(instance_id: str, st: State) -> InstancePublic:
 
 
 @router.get("/instances/{instance_id}/log", response_model=InstanceLogPublic)
-def instance_log(instance_id: str, st: State,
-                 lines: Annotated[int, Query(ge=1, le=5000)] = 100) -> InstanceLogPublic:
+async def instance_log(instance_id: str, st: State,
+                       lines: Annotated[int, Query(ge=1, le=5000)] = 100) -> InstanceLogPublic:
     inst = st.fleet.registry.get(instance_id)
     if inst is None:
         raise NotFound(f"no instance {instance_id!r}")
@@ -144,24 +157,26 @@ def instance_log(instance_id: str, st: State,
 
 
 @router.post("/instances/{instance_id}/drain", response_model=InstancePublic)
-def drain_instance(instance_id: str, st: State, request: Request) -> InstancePublic:
-    return instance_view(st, st.fleet.drain(instance_id, actor(request)))
+async def drain_instance(instance_id: str, st: State, request: Request) -> InstancePublic:
+    async with st.writes:
+        return instance_view(st, st.fleet.drain(instance_id, actor(request)))
 
 
 @router.get("/routing", response_model=RoutingPublic)
-def get_routing(st: State) -> RoutingPublic:
+async def get_routing(st: State) -> RoutingPublic:
     return RoutingPublic.model_validate(st.table.settings.model_dump())
 
 
 @router.patch("/routing", response_model=RoutingPublic)
-def patch_routing(body: RoutingUpdate, st: State, request: Request) -> RoutingPublic:
+async def patch_routing(body: RoutingUpdate, st: State, request: Request) -> RoutingPublic:
     patch = body.model_dump(exclude_unset=True)
-    return RoutingPublic.model_validate(st.table.update(patch, actor(request)).model_dump())
+    async with st.writes:
+        return RoutingPublic.model_validate(st.table.update(patch, actor(request)).model_dump())
 
 
 @router.get("/requests", response_model=list[RequestPublic])
-def list_requests(st: State, limit: Annotated[int, Query(ge=1, le=10_000)] = 100
-                  ) -> list[RequestPublic]:
+async def list_requests(st: State, limit: Annotated[int, Query(ge=1, le=10_000)] = 100
+                        ) -> list[RequestPublic]:
     return [RequestPublic.model_validate(r.public()) for r in st.requests.recent(limit)]
 
 
@@ -193,19 +208,24 @@ def pool_utilization(st: AppState) -> dict[str, Any]:
 
 
 @router.get("/stats", response_model=StatsPublic)
-def get_stats(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 60.0
+async def get_stats(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 60.0
               ) -> StatsPublic:
     out = stats(st.requests.columns(window_s), window_s,
                 st.table.settings.transfer_alert_share)
     out["pools"] = pool_utilization(st)
     out["total_requests"] = st.requests.total
+    rs = st.table.settings
+    out["admission"] = {"inflight": st.proxy.inflight, "max_inflight": rs.max_inflight,
+                        "max_inflight_per_instance": rs.max_inflight_per_instance,
+                        "refused_total": st.proxy.refused_total}
     out["kv_integrity"] = st.lease_watch.summary(window_s)
     return StatsPublic.model_validate(out)
 
 
 @router.get("/timeseries", response_model=TimeseriesPublic)
-def get_timeseries(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 300.0,
-                   step_s: Annotated[float, Query(gt=0, le=3600)] = 5.0) -> TimeseriesPublic:
+async def get_timeseries(st: State,
+                         window_s: Annotated[float, Query(gt=0, le=86_400)] = 300.0,
+                         step_s: Annotated[float, Query(gt=0, le=3600)] = 5.0) -> TimeseriesPublic:
     if window_s / step_s > 2000:
         raise InvalidChange("window_s / step_s must be at most 2000 buckets")
     now = time.time()
@@ -215,8 +235,8 @@ def get_timeseries(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)]
 
 
 @router.get("/advisor", response_model=AdvisorPublic)
-def get_advisor(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 600.0
-                ) -> AdvisorPublic:
+async def get_advisor(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 600.0
+                      ) -> AdvisorPublic:
     s, targets = st.settings, st.fleet.targets
     decode = st.table.ready(Role.DECODE)
     batch = sum(i.running for i in decode) / len(decode) if decode else None
@@ -228,6 +248,8 @@ def get_advisor(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 
 
 
 @router.get("/events", response_model=list[EventPublic])
-def list_events(st: State, limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
-                since_id: int = 0, kind: str | None = None) -> list[EventPublic]:
+async def list_events(st: State, limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+                            since_id: Annotated[int, Query(ge=0, le=MAX_EVENT_ID)] = 0,
+                            kind: Annotated[str | None, Query(max_length=64)] = None
+                            ) -> list[EventPublic]:
     return [EventPublic.model_validate(e) for e in st.store.events(limit, since_id, kind)]

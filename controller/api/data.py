@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
 
+from controller.api.asgi import ASGIApp, Receive, Scope, Send
 from controller.api.state import AppState, app_state
-from controller.errors import RoutingError
+from controller.errors import PayloadTooLarge, RequestTimeout, RoutingError
 from controller.router.answer import Answer, error_body, internal_error
 from controller.router.proxy import Proxy
 
@@ -25,20 +26,17 @@ log = logging.getLogger("pdctl.router")
 router = APIRouter()
 ENDPOINTS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def _headers(rid: str | None, content_type: str, length: int | None = None
-             ) -> list[tuple[bytes, bytes]]:
+def _headers(rid: str | None, content_type: str, length: int | None = None,
+             extra: list[tuple[bytes, bytes]] | None = None) -> list[tuple[bytes, bytes]]:
     out = [(b"content-type", content_type.encode("latin-1"))]
     if length is not None:
         out.append((b"content-length", str(length).encode()))
     if rid:
         out.append((b"x-request-id", rid.encode("latin-1")))
+    if extra:
+        out.extend(extra)
     return out
 
 
@@ -49,17 +47,21 @@ class _Exchange:
 
     def __init__(self, send: Send) -> None:
         self.send = send
+        self.close = False  # ask the server to close the connection after the answer
         self.started = False
         self.complete = False
         self.client_gone = False
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
+        if self.close:
+            headers.append((b"connection", b"close"))
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def respond(self, status: int, body: bytes, rid: str | None,
-                      content_type: str = "application/json") -> None:
-        await self.start(status, _headers(rid, content_type, len(body)))
+                      content_type: str = "application/json",
+                      extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        await self.start(status, _headers(rid, content_type, len(body), extra))
         await self.write(body, False)
 
     async def write(self, body: bytes, more: bool) -> None:
@@ -67,23 +69,46 @@ class _Exchange:
         await self.send({"type": "http.response.body", "body": body, "more_body": more})
 
 
-async def _read_body(receive: Receive) -> bytes | None:
-    """The request body, or None when the client left before sending all of it."""
+@dataclass(frozen=True)
+class BodyLimits:
+    max_bytes: int
+    timeout_s: float
+
+
+async def _read_body(receive: Receive, limits: BodyLimits) -> bytes | None:
+    """The request body, or None when the client left before sending all of it. Raises
+    ``PayloadTooLarge`` past ``max_bytes`` and ``RequestTimeout`` when it is not all there
+    within ``timeout_s``."""
     chunks: list[bytes] = []
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            return None
-        chunks.append(msg.get("body", b""))
-        if not msg.get("more_body"):
-            return b"".join(chunks)
+    size = 0
+    try:
+        async with asyncio.timeout(limits.timeout_s):
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    return None
+                chunk = msg.get("body", b"")
+                size += len(chunk)
+                if size > limits.max_bytes:
+                    raise PayloadTooLarge(f"request body over the limit of {limits.max_bytes} "
+                                          "bytes (controller.max_body_bytes)")
+                chunks.append(chunk)
+                if not msg.get("more_body"):
+                    return b"".join(chunks)
+    except TimeoutError:
+        raise RequestTimeout(f"request body not received within {limits.timeout_s:g} s "
+                             "(controller.body_timeout_s)") from None
 
 
-def _request_id(scope: Scope) -> str | None:
+def _request_headers(scope: Scope) -> tuple[str | None, bytes | None]:
+    """The request's ``X-Request-Id`` and media type (``Content-Type`` without parameters)."""
+    rid = media = None
     for name, value in scope["headers"]:
         if name == b"x-request-id":
-            return bytes(value).decode("latin-1")
-    return None
+            rid = bytes(value).decode("latin-1")
+        elif name == b"content-type":
+            media = bytes(value).partition(b";")[0].strip().lower()
+    return rid, media
 
 
 async def _watch(receive: Receive, task: asyncio.Task[Any], ex: _Exchange) -> None:
@@ -97,17 +122,18 @@ async def _watch(receive: Receive, task: asyncio.Task[Any], ex: _Exchange) -> No
 
 
 async def serve(proxy: Proxy, endpoint: str, scope: Scope, receive: Receive, send: Send,
-                loop: asyncio.AbstractEventLoop) -> None:
-    raw = await _read_body(receive)
-    if raw is None:
-        return
-    rid = _request_id(scope)
+                loop: asyncio.AbstractEventLoop, limits: BodyLimits) -> None:
+    rid, media = _request_headers(scope)
     ex = _Exchange(send)
     try:
-        ctx = proxy.new_ctx(endpoint, raw, rid)
+        raw = await _read_body(receive, limits)
     except RoutingError as exc:
-        await ex.respond(*error_body(exc), rid)
-        return
+        ctx = proxy.refused(endpoint, rid, exc)
+        ex.close = True  # the rest of the body is not read: close after the answer
+    else:
+        if raw is None:
+            return
+        ctx = proxy.new_ctx(endpoint, raw, rid, media)
     task = asyncio.current_task(loop)
     assert task is not None
     watch = loop.create_task(_watch(receive, task, ex))
@@ -129,7 +155,7 @@ async def serve(proxy: Proxy, endpoint: str, scope: Scope, receive: Receive, sen
 
 async def _send(answer: Answer, ex: _Exchange, rid: str) -> None:
     if answer.body is not None:
-        await ex.respond(answer.status, answer.body, rid, answer.content_type)
+        await ex.respond(answer.status, answer.body, rid, answer.content_type, answer.headers)
         return
     await ex.start(200, _headers(rid, "text/event-stream"))
     await answer.relay(ex.write)
@@ -144,6 +170,8 @@ class DataPlane:
     def __init__(self, app: ASGIApp, state: AppState) -> None:
         self.app = app
         self.proxy = state.proxy
+        cs = state.settings.controller
+        self.limits = BodyLimits(cs.max_body_bytes, cs.body_timeout_s)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -153,7 +181,7 @@ class DataPlane:
             if loop is None or loop.is_closed():
                 # Looked up once: on Python 3.11 each lookup is a getpid() system call.
                 loop = self._loop = asyncio.get_running_loop()
-            await serve(self.proxy, scope["path"], scope, receive, send, loop)
+            await serve(self.proxy, scope["path"], scope, receive, send, loop, self.limits)
             return
         await self.app(scope, receive, send)
 

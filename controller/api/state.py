@@ -3,7 +3,8 @@ each piece of state has one owner among them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
@@ -30,6 +31,8 @@ class AppState:
     upstream: Upstream
     token: str
     lease_watch: LeaseWatch
+    # Held by every change to the cluster (pools, routing, drains): one at a time, in order.
+    writes: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 def app_state(request: Request) -> AppState:

@@ -16,6 +16,7 @@ from controller.router.sse import (
     TAIL_BYTES,
     error_event,
     last_event,
+    strip_router_fields,
     strip_usage_event,
 )
 from controller.router.upstream import Stream, UpstreamError
@@ -27,7 +28,17 @@ def error_body(exc: BaseException) -> tuple[int, bytes]:
     """The data plane's one error shape (OpenAI's), and its status."""
     status = getattr(exc, "status_code", 500)
     kind = getattr(exc, "error_type", "server_error")
-    return status, orjson.dumps({"error": {"message": str(exc), "type": kind, "code": status}})
+    param = getattr(exc, "param", None)
+    return status, orjson.dumps({"error": {"message": str(exc), "type": kind,
+                                           "param": param, "code": status}})
+
+
+def status_of(http_status: int) -> str:
+    """A request's recorded status from its answer: a 4xx is the client's request refused
+    (``rejected``: bad input, admission), a 5xx the fleet's failure (``error``)."""
+    if http_status < 400:
+        return "ok"
+    return "rejected" if http_status < 500 else "error"
 
 
 class Buffered:
@@ -71,14 +82,15 @@ class Answer:
     """The client's answer. ``body`` is set for a whole answer (an error, a non-streaming
     answer, a stream the engine refused); otherwise ``relay`` writes the stream."""
 
-    __slots__ = ("status", "content_type", "body", "error", "outcome", "tail", "done", "_ctx",
-                 "_resp")
+    __slots__ = ("status", "content_type", "body", "error", "headers", "outcome", "tail",
+                 "done", "_ctx", "_resp")
 
     def __init__(self, status: int, content_type: str, body: bytes | None,
                  error: str | None = None, ctx: Ctx | None = None,
                  resp: Stream | None = None) -> None:
         self.status, self.content_type, self.body = status, content_type, body
         self.error = error  # why the request failed, when the router answers with an error
+        self.headers: list[tuple[bytes, bytes]] = []  # more response headers
         self.outcome = "cancelled"  # of a relay: until it ends
         self.tail = b""
         self.done = False  # the stream's last event was written
@@ -87,7 +99,11 @@ class Answer:
     @classmethod
     def failure(cls, exc: BaseException) -> Answer:
         status, body = error_body(exc)
-        return cls(status, "application/json", body, str(exc) or type(exc).__name__)
+        answer = cls(status, "application/json", body, str(exc) or type(exc).__name__)
+        retry_after = getattr(exc, "retry_after_s", None)
+        if retry_after is not None:
+            answer.headers.append((b"retry-after", str(retry_after).encode()))
+        return answer
 
     @property
     def streaming(self) -> bool:
@@ -108,6 +124,7 @@ class Answer:
                     chunk = strip_usage_event(chunk)
                     if not chunk:
                         continue
+                chunk = strip_router_fields(chunk)
                 last = chunk.endswith(DONE_EVENT)
                 self.done = self.done or last
                 await write(chunk, not last)
@@ -124,16 +141,16 @@ class Answer:
         """How the request ended (status, final JSON or last event, error) once the client's
         side is over; ``exc`` is what ended it early (cancellation, a failed write)."""
         if not self.streaming:
+            status = status_of(self.status)
             if self.error is not None:
-                return "error", None, self.error
+                return status, None, self.error
             data: Any = None
             try:
                 data = orjson.loads(self.body or b"")
             except ValueError:
                 pass
-            ok = self.status == 200
-            return ("ok" if ok else "error", data if isinstance(data, dict) else None,
-                    None if ok else f"decode answered {self.status}")
+            return (status, data if isinstance(data, dict) else None,
+                    None if status == "ok" else f"decode answered {self.status}")
         outcome, error = self.outcome, self.error
         if outcome == "cancelled" and DONE in self.tail:
             outcome = "ok"  # the client had the whole stream and hung up before the engine

@@ -63,6 +63,21 @@ def release_body(model: str, kv_params: dict[str, Any]) -> dict[str, Any]:
             "kv_transfer_params": kv_params}
 
 
+def client_answer(content: bytes) -> bytes:
+    """A decode engine's whole JSON answer as the client gets it: without
+    ``kv_transfer_params`` (vLLM always sends the key, null on a decode hop)."""
+    if b'"kv_transfer_params"' not in content:
+        return content
+    try:
+        data = orjson.loads(content)
+    except ValueError:
+        return content
+    if not isinstance(data, dict):
+        return content
+    data.pop("kv_transfer_params", None)
+    return orjson.dumps(data)
+
+
 def prefill_answer(reply: Reply) -> dict[str, Any] | None:
     """A successful prefill answer, parsed, when it carries ``kv_transfer_params`` (a dict);
     else None."""

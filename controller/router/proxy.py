@@ -43,13 +43,20 @@ import orjson
 
 from controller import profiles
 from controller.config import Settings
-from controller.errors import BadRequest, NoInstanceAvailable, RoutingError, UpstreamUnreachable
+from controller.errors import (
+    NoInstanceAvailable,
+    Overloaded,
+    RoutingError,
+    UnsupportedMediaType,
+    UpstreamUnreachable,
+)
 from controller.metrics import Metrics
 from controller.models import Instance, RequestPath, RequestRecord, Role
 from controller.requests_log import RequestLog
 from controller.router.accounting import EngineTimes, KvCosts, Measured, account
 from controller.router.answer import Answer, Buffered, Prefetched, internal_error
 from controller.router.bodies import (
+    client_answer,
     decode_body,
     parse_body,
     prefill_answer,
@@ -59,6 +66,7 @@ from controller.router.bodies import (
 from controller.router.request import Ctx, PrefillDone, new_request_id
 from controller.router.table import Lease, RoutingTable
 from controller.router.upstream import Reply, Stream, Upstream, UpstreamError
+from controller.router.validate import Limits, check
 from controller.tokens import TokenCounter
 
 log = logging.getLogger("pdctl.router")
@@ -79,17 +87,27 @@ class AttemptFailed(Exception):
 
 
 class Serving:
-    """``Proxy.serve``: the answer on entry; on exit the record and the releases, once."""
+    """``Proxy.serve``: the answer on entry; on exit the record and the releases, once.
+    A request refused before routing (its body, admission control) is answered and recorded
+    here too, and never counted in flight."""
 
-    __slots__ = ("_proxy", "_ctx", "_answer")
+    __slots__ = ("_proxy", "_ctx", "_answer", "_admitted")
 
     def __init__(self, proxy: Proxy, ctx: Ctx) -> None:
         self._proxy, self._ctx = proxy, ctx
         self._answer: Answer | None = None
+        self._admitted = False
 
     async def __aenter__(self) -> Answer:
+        proxy = self._proxy
+        refused = self._ctx.rejection or proxy.admission()
+        if refused is not None:
+            self._answer = Answer.failure(refused)
+            return self._answer
+        proxy.inflight += 1
+        self._admitted = True
         try:
-            self._answer = await self._proxy.answer(self._ctx)
+            self._answer = await proxy.answer(self._ctx)
         except BaseException as exc:  # cancelled while routing: recorded, then re-raised
             self._end(exc)
             raise
@@ -114,6 +132,9 @@ class Serving:
                 error = "client disconnected"
         if ctx.decode_lease is not None:
             ctx.decode_lease.release()
+        if self._admitted:
+            self._admitted = False
+            self._proxy.inflight -= 1
         self._proxy.record(ctx, status, response, error)
 
 
@@ -132,20 +153,52 @@ class Proxy:
         self._lease_s = settings.kv.lease_s
         self._late_s = settings.kv.lease_s * settings.kv.late_hop_share
         self._model = settings.model.public_name
+        self._limits = Limits(settings.model.public_name, settings.context_len)
         self._background: set[asyncio.Task[None]] = set()
+        self.inflight = 0  # admitted client requests not yet ended
+        self.refused_total = 0  # answered 429 by admission control
 
     # ---- entry -----------------------------------------------------------------------
 
-    def new_ctx(self, endpoint: str, raw: bytes, request_id: str | None) -> Ctx:
+    def new_ctx(self, endpoint: str, raw: bytes, request_id: str | None,
+                media_type: bytes | None = b"application/json") -> Ctx:
+        """The request's context; one whose body the engines would refuse carries its
+        ``rejection`` (answered and recorded by ``serve``, sent to no engine)."""
         t0, started_at = time.perf_counter(), time.time()  # parsing and counting are in TTFT
-        body = parse_body(raw)
-        if endpoint.endswith("chat/completions") and not isinstance(body.get("messages"), list):
-            raise BadRequest("'messages' must be a list")
-        if endpoint.endswith("/completions") and "messages" not in body and "prompt" not in body:
-            raise BadRequest("'prompt' is required")
-        return Ctx(rid=request_id or new_request_id(), endpoint=endpoint, body=body,
-                   stream=bool(body.get("stream")), prompt_tokens=self.counter.count(body),
-                   t0=t0, started_at=started_at)
+        rid = request_id or new_request_id()
+        try:
+            if media_type != b"application/json":
+                raise UnsupportedMediaType(
+                    "the body must be JSON, sent as Content-Type: application/json")
+            body = parse_body(raw)
+            stream, prompt_tokens = check(endpoint, body, self.counter, self._limits)
+        except RoutingError as exc:
+            return self.refused(endpoint, rid, exc, t0, started_at)
+        return Ctx(rid=rid, endpoint=endpoint, body=body, stream=stream,
+                   prompt_tokens=prompt_tokens, t0=t0, started_at=started_at)
+
+    @staticmethod
+    def refused(endpoint: str, rid: str | None, why: RoutingError, t0: float | None = None,
+                started_at: float | None = None) -> Ctx:
+        """The context of a request refused before routing: ``serve`` answers and records
+        it, and sends nothing to an engine."""
+        return Ctx(rid=rid or new_request_id(), endpoint=endpoint, body={}, stream=False,
+                   prompt_tokens=0, t0=time.perf_counter() if t0 is None else t0,
+                   started_at=time.time() if started_at is None else started_at,
+                   rejection=why)
+
+    def _count_refused(self) -> None:
+        self.refused_total += 1
+        self.metrics.admission_refused.inc()
+
+    def admission(self) -> Overloaded | None:
+        """Why one more request may not start now (``routing.max_inflight``), or None."""
+        limit = self.table.settings.max_inflight
+        if limit and self.inflight >= limit:
+            self._count_refused()
+            return Overloaded(f"{self.inflight} requests in flight: the controller's limit "
+                              f"(routing.max_inflight) is {limit}; retry shortly")
+        return None
 
     def serve(self, ctx: Ctx) -> Serving:
         """``async with proxy.serve(ctx) as answer``: the client's answer (an error answer
@@ -171,6 +224,8 @@ class Proxy:
                 UpstreamUnreachable(f"decode instance failed before answering: {exc}"))
         finally:
             resp.close()
+        if resp.status == 200:
+            content = client_answer(content)
         return Answer(resp.status, resp.content_type, content)
 
     async def open(self, ctx: Ctx) -> Stream:
@@ -178,7 +233,7 @@ class Proxy:
         decode hop: a live stream (streaming, status 200) or the whole answer."""
         first = self.table.pick(Role.DECODE, set())
         if first is None:
-            raise NoInstanceAvailable("no ready decode instance")
+            raise self._no_decode()
         self._assign_decode(ctx, first)
         threshold = self.table.settings.disagg_min_prompt_tokens
         if ctx.prompt_tokens >= threshold and self.table.ready(Role.PREFILL):
@@ -340,7 +395,15 @@ class Proxy:
         if ctx.errors:
             raise UpstreamUnreachable("no decode instance could serve the request: "
                                       + "; ".join(ctx.errors[-3:]))
-        raise NoInstanceAvailable("no ready decode instance")
+        raise self._no_decode()
+
+    def _no_decode(self) -> RoutingError:
+        if self.table.full(Role.DECODE):
+            self._count_refused()
+            cap = self.table.settings.max_inflight_per_instance
+            return Overloaded(f"every ready decode instance has {cap} requests in flight "
+                              "(routing.max_inflight_per_instance); retry shortly")
+        return NoInstanceAvailable("no ready decode instance")
 
     def _pick_colocated(self, avoid: set[str], tried: set[str]) -> Instance | None:
         """A decode instance for a colocated attempt: one that has not failed this request

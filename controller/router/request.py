@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.errors import RoutingError
 from controller.models import Instance, RequestPath
 from controller.router.accounting import EngineTimes
 from controller.router.table import Lease
@@ -48,6 +49,7 @@ class Ctx:
     failed_decodes: set[str] = field(default_factory=set)  # failed after reaching them
     errors: list[str] = field(default_factory=list)
     strip_usage: bool = False  # the router asked for a usage chunk the client did not
+    rejection: RoutingError | None = None  # refused before routing: why
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """Server-sent events as the engines stream them: the end marker, the usage-only event the
-router may have asked for, and the last event that carries usage and metrics."""
+router may have asked for, the router's fields an event may carry, and the last event that
+carries usage and metrics."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import orjson
 DONE = b"data: [DONE]"
 DONE_EVENT = b"data: [DONE]\n\n"
 TAIL_BYTES = 16384  # of a stream kept to find its last events
+ROUTER_FIELD = b'"kv_transfer_params"'
 EMPTY_CHOICES, EMPTY_CHOICES_SPACED = b'"choices":[]', b'"choices": []'
 
 
@@ -26,6 +28,24 @@ def strip_usage_event(chunk: bytes) -> bytes:
     if not _empty_choices(chunk):
         return chunk
     return b"\n\n".join(e for e in chunk.split(b"\n\n") if not _usage_only(e))
+
+
+def strip_router_fields(chunk: bytes) -> bytes:
+    """Drop ``kv_transfer_params`` (the router's, never the client's) from each JSON event
+    of a relayed chunk; a chunk without it is returned as it is."""
+    if ROUTER_FIELD not in chunk:
+        return chunk
+    events = chunk.split(b"\n\n")
+    for k, event in enumerate(events):
+        if ROUTER_FIELD in event and event.startswith(b"data:"):
+            try:
+                data = orjson.loads(event[5:])
+            except ValueError:
+                continue
+            if isinstance(data, dict):
+                data.pop("kv_transfer_params", None)
+                events[k] = b"data: " + orjson.dumps(data)
+    return b"\n\n".join(events)
 
 
 def error_event(message: str) -> bytes:

@@ -126,9 +126,19 @@ class RoutingTable:
             candidates = [i for i in pool if i.id not in exclude]
         else:
             candidates = pool
+        cap = self.settings.max_inflight_per_instance
+        if cap:
+            counts = self._inflight
+            candidates = [i for i in candidates if counts.get(i.id, 0) < cap]
         if not candidates:
             return None
         return self._policies[role].choose(candidates, self._inflight)
+
+    def full(self, role: Role) -> bool:
+        """Every ready instance of ``role`` has ``max_inflight_per_instance`` requests."""
+        cap = self.settings.max_inflight_per_instance
+        pool = self._ready[role]
+        return bool(cap and pool) and all(self._inflight.get(i.id, 0) >= cap for i in pool)
 
     def report_unreachable(self, inst: Instance, error: str) -> None:
         """The router could not reach ``inst``: avoid it briefly; the fleet checks it soon."""

@@ -1,0 +1,84 @@
+"""The controller's listener: uvicorn with the limits an exposed server needs.
+
+- ``keep_alive_s``: an idle keep-alive connection is closed (uvicorn's own timer).
+- ``header_timeout_s``: a connection must send a request's headers within this, from when it
+  opens or from the first byte of each next request; otherwise it gets ``408`` and is closed.
+  uvicorn has no such timer: a connection that never sends a request would be held forever.
+- ``max_connections``: beyond this many connections (or requests) at once, uvicorn answers
+  ``503`` and closes the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from controller.config import ControllerSettings
+
+_BODY_408 = b'{"detail": "request headers not received in time"}'
+TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+               b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+               % (len(_BODY_408), _BODY_408))
+
+
+class HeaderTimeoutProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol plus a deadline for each request's headers."""
+
+    header_timeout_s = 10.0  # set per listener by ``protocol_class``
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_timeout)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing():
+            self.transport.write(TIMEOUT_408)
+            self.transport.close()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._header_timer is None:
+            self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        self._disarm()  # the keep-alive timer takes over until the next request begins
+        super().on_response_complete()
+
+
+def protocol_class(header_timeout_s: float) -> type[HeaderTimeoutProtocol]:
+    return type("ControllerHttpProtocol", (HeaderTimeoutProtocol,),
+                {"header_timeout_s": header_timeout_s})
+
+
+def server_config(app: Any, cs: ControllerSettings) -> uvicorn.Config:
+    return uvicorn.Config(app, host=cs.host, port=cs.port, log_level="warning",
+                          access_log=False, proxy_headers=False,
+                          http=protocol_class(cs.header_timeout_s),
+                          limit_concurrency=cs.max_connections,
+                          timeout_keep_alive=cs.keep_alive_s,  # type: ignore[arg-type]
+                          timeout_graceful_shutdown=10)
