@@ -312,8 +312,11 @@ def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
     return "; ".join(lines)
 
 
-def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
-    """Read ``path`` (YAML) if given, apply env overrides, then ``overrides`` (CLI flags)."""
+def load_settings(path: Path | None = None, defaults: dict[str, Any] | None = None,
+                  **overrides: Any) -> Settings:
+    """Each layer over the one before: the fields' defaults, ``defaults`` (a command's own),
+    the YAML file at ``path``, the environment (``PDCTL_<SECTION>__<FIELD>``), then
+    ``overrides`` (the flags actually given)."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -325,6 +328,8 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: top level must be a mapping")
         data = loaded or {}
+    if defaults:
+        data = deep_merge(defaults, data)
     try:
         settings = Settings(**data)
         if overrides:

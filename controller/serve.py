@@ -52,10 +52,11 @@ def add_lab_parser(sub: SubParsers) -> None:
         description="Start a controller with its pools on this machine, print the URLs and "
                     "where the API token is, and stop everything on Ctrl-C or SIGTERM.")
     _common_server_flags(p)
-    p.add_argument("--backend", choices=["vllm", "sim"], default="vllm",
+    p.add_argument("--backend", choices=["vllm", "sim"],
                    help="vllm: real vLLM instances on this machine's CPU with the tiny lab "
-                        "model, KV over NIXL (default; GPU hosts: pass --config); "
-                        "sim: simulated engines (Llama-3-70B on H100 unless configured)")
+                        "model, KV over NIXL (GPU hosts: pass --config); sim: simulated "
+                        "engines (Llama-3-70B on H100 unless configured). Default: the "
+                        "config file's or PDCTL_BACKEND's backend, else vllm")
     p.add_argument("--prefill", type=int, metavar="N", help="prefill pool size (default 1)")
     p.add_argument("--decode", type=int, metavar="N", help="decode pool size (default 1)")
     p.add_argument("--model-dir", type=Path, default=Path("lab-model"),
@@ -181,11 +182,22 @@ def cpu_lab_defaults(model_dir: Path) -> dict[str, Any]:
 
 
 def lab_settings(args: argparse.Namespace) -> Settings:
-    over: dict[str, Any] = {}
-    if args.backend == "vllm" and args.config is None:
-        over = cpu_lab_defaults(args.model_dir)
-    over = deep_merge(over, _overrides(args))
-    over["backend"] = args.backend
+    """The lab's settings, each layer over the one before: the lab's defaults (backend vllm;
+    without a config file, the CPU lab's machine defaults), the config file, the environment
+    (``PDCTL_...``), then the flags actually given."""
+    over = _lab_flags(args)
+    base: dict[str, Any] = {"backend": "vllm"}
+    settings = load_settings(args.config, defaults=base, **over)
+    if settings.backend == "vllm" and args.config is None:
+        base = deep_merge(base, cpu_lab_defaults(args.model_dir))
+        settings = load_settings(None, defaults=base, **over)
+    return settings
+
+
+def _lab_flags(args: argparse.Namespace) -> dict[str, Any]:
+    over = _overrides(args)
+    if args.backend is not None:
+        over["backend"] = args.backend
     if args.time_scale is not None:
         over["sim"] = {"time_scale": args.time_scale}
     prom: dict[str, Any] = {}
@@ -195,12 +207,17 @@ def lab_settings(args: argparse.Namespace) -> Settings:
         prom["port"] = args.prometheus_port
     if prom:
         over["prometheus"] = prom
-    return load_settings(args.config, **over)
+    return over
 
 
 def run_lab(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level)
-    if args.backend == "vllm":
+    try:
+        settings = lab_settings(args)
+    except ConfigError as exc:
+        print(f"pdctl lab: {exc}", file=sys.stderr)
+        return 2
+    if settings.backend == "vllm":
         missing = vllm_missing()
         if missing:
             print(f"pdctl lab: {missing}\n"
@@ -210,11 +227,6 @@ def run_lab(args: argparse.Namespace) -> int:
             print(f"pdctl lab: no model in {args.model_dir}; writing the lab model there",
                   flush=True)
             make_model(args.model_dir)
-    try:
-        settings = lab_settings(args)
-    except ConfigError as exc:
-        print(f"pdctl lab: {exc}", file=sys.stderr)
-        return 2
     return _serve(settings, after_start=lambda st: _lab_session(st, args))
 
 

@@ -91,6 +91,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     st: AppState = app.state.pdctl
     st.store.record("controller", "controller.start", "controller", None,
                     {"backend": st.settings.backend, "model": st.settings.model.name})
+    for event in st.fleet.registry.close_previous_run():
+        log.warning("%s: %s", event["target"], event["detail"])
     sd_file = prometheus.targets_path(st.settings.controller.state_dir)
     tasks = [asyncio.create_task(st.fleet.run()),
              asyncio.create_task(st.fleet.run_load_poller(st.lease_watch.check)),

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
 
 from controller.fleet.observer import Load
+from controller.launchers.process import stop_leftover
 from controller.models import Instance, InstanceState, Role
 from controller.store import Store
 
 log = logging.getLogger("pdctl.fleet")
 
 RETAIN_TERMINAL_S = 600.0  # failed/stopped instances stay visible this long
+LIVE_KEY = "live_instances"  # in the store: instances not yet stopped or failed
 Members = Callable[[Role, list[Instance]], None]
 
 
@@ -74,6 +78,7 @@ class Registry:
         self.store.record(actor, "instance.starting", inst.id, None,
                           {"role": inst.role.value, "tp": inst.tp, "url": inst.url,
                            "accelerators": list(inst.accelerators)}, reason)
+        self._remember_live()
 
     def transition(self, inst: Instance, state: InstanceState, actor: str, detail: str
                    ) -> None:
@@ -83,6 +88,36 @@ class Registry:
                           detail)
         log.info("%s %s -> %s (%s)", inst.id, before.value, state.value, detail)
         self._refresh(inst.role)
+        self._remember_live()
+
+    # ---- across controller runs ----------------------------------------------------------
+
+    def _remember_live(self) -> None:
+        """Persist the instances not yet stopped or failed, so that a controller that ends
+        without stopping them (SIGKILL, a crash) has them accounted for at its next start."""
+        self.store.put(LIVE_KEY, [
+            {"id": i.id, "role": i.role.value, "state": i.state.value, "url": i.url,
+             "pid": i.pid} for i in self._instances.values() if not i.state.terminal])
+
+    def close_previous_run(self) -> list[dict[str, Any]]:
+        """Record as failed every instance the previous controller run left live (it ended
+        without stopping them): each gets its ``instance.failed`` event, and an engine still
+        running on its pid and port is stopped. The events, in order."""
+        left = self.store.get(LIVE_KEY) or []
+        events = []
+        for rec in left if isinstance(left, list) else []:
+            pid, port = rec.get("pid"), urlsplit(str(rec.get("url", ""))).port
+            found = stop_leftover(pid, port) if isinstance(pid, int) and port else "none"
+            how = {"none": "it had no local process",
+                   "gone": f"its process (pid {pid}) was gone",
+                   "stopped": f"its process (pid {pid}) was still running and has been stopped",
+                   "not ours": f"pid {pid} now belongs to another process"}[found]
+            events.append(self.store.record(
+                "controller", "instance.failed", str(rec.get("id")), rec.get("state"), "failed",
+                f"found at controller start: the previous controller run ended without "
+                f"stopping it; {how}"))
+        self.store.put(LIVE_KEY, [])
+        return events
 
     def mark_ready(self, inst: Instance) -> None:
         now = self.clock()

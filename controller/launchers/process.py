@@ -61,6 +61,22 @@ async def stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
         proc.wait(timeout=5)
 
 
+def stop_leftover(pid: int, port: int) -> str:
+    """A previous controller run's engine, found by pid: ``gone``, or ``stopped`` (SIGKILL to
+    its process group) when pid is still an engine listening on ``port`` by its command line
+    (``--port N``), or ``not ours`` when the pid now belongs to something else."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return "gone"
+    flag = [i for i, a in enumerate(args) if a == b"--port"]
+    if not any(i + 1 < len(args) and args[i + 1] == str(port).encode() for i in flag):
+        return "not ours"
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    return "stopped"
+
+
 def tail(path: Path, lines: int) -> str:
     try:
         with open(path, "rb") as f:

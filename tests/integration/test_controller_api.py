@@ -87,7 +87,8 @@ def test_disaggregated_output_equals_colocated(ctl: ControllerProc, sdk: openai.
 
 def test_models_and_openai_errors(ctl: ControllerProc, sdk: openai.OpenAI) -> None:
     assert [m.id for m in sdk.models.list()] == ["llama-3-70b"]
-    r = httpx.post(f"{ctl.url}/v1/completions", content=b"{not json", timeout=10)
+    r = httpx.post(f"{ctl.url}/v1/completions", content=b"{not json", timeout=10,
+                   headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     with pytest.raises(openai.BadRequestError):
         sdk.completions.create(model="llama-3-70b", prompt=LONG_PROMPT, max_tokens=100_000)
