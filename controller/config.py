@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from controller import profiles
 from controller.cpu_features import CPU_ENGINE_DTYPE
-from controller.errors import ConfigError
+from controller.errors import ConfigError, InvalidChange
 from pdctl_api.schema import PolicyName
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
@@ -101,6 +101,21 @@ def _decode_default() -> PoolSettings:
 class PoolsSettings(Strict):
     prefill: PoolSettings = Field(default_factory=_prefill_default)
     decode: PoolSettings = Field(default_factory=_decode_default)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _role_defaults(cls, data: Any) -> Any:
+        """A pool given in part keeps its role's defaults for the rest (``decode: {size: 3}``
+        is TP 2, not ``PoolSettings``' TP 1)."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, default in (("prefill", _prefill_default), ("decode", _decode_default)):
+            given = out.get(name)
+            if isinstance(given, dict):
+                d = default()
+                out[name] = {"size": d.size, "tp": d.tp, **given}
+        return out
 
 
 class RoutingSettings(Strict):
@@ -338,7 +353,31 @@ def load_settings(path: Path | None = None, defaults: dict[str, Any] | None = No
     except ValidationError as exc:
         where = f"config file {path}: " if path else "configuration: "
         raise ConfigError(where + describe_validation_error(exc)) from None
+    problem = pools_problem(settings)
+    if problem:
+        where = f"config file {path}: " if path else "configuration: "
+        raise ConfigError(f"{where}pools: {problem}")
     return settings
+
+
+def pools_problem(settings: Settings) -> str | None:
+    """Why the configured pools cannot run on the configured hardware (TP, pairing, memory,
+    capacity: the checks of a pool change), or None. External pools are what they are."""
+    if settings.backend == "external":
+        return None
+    from controller import validation  # noqa: PLC0415 - it imports this module's peers
+    from controller.models import Role  # noqa: PLC0415
+    from controller.reconciler import PoolTarget  # noqa: PLC0415
+
+    hw, pools = settings.hardware, settings.pools
+    targets = {Role.PREFILL: PoolTarget(pools.prefill.size, pools.prefill.tp),
+               Role.DECODE: PoolTarget(pools.decode.size, pools.decode.tp)}
+    try:
+        validation.check_targets(targets, model=settings.model_profile, hw=hw.profile,
+                                 per_node=hw.per_node, nodes=hw.nodes, share=hw.share)
+    except InvalidChange as exc:
+        return str(exc)
+    return None
 
 
 def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 # ---- enums ---------------------------------------------------------------------------------
 
@@ -448,30 +449,47 @@ class HealthPublic(Public):
 # ---- request bodies ------------------------------------------------------------------------
 
 
-class PoolUpdate(BaseModel):
-    """``PATCH /api/v1/pools/{role}`` body: the new desired size and/or TP. Strict: a number
-    as a string, a float or a boolean is refused, as is an unknown field."""
+class _Update(BaseModel):
+    """A PATCH body: only the fields to change, at least one; strict (a number as a string,
+    a float for an integer, a boolean for a number, an unknown field, an explicit null: all
+    refused); numbers finite and bounded."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-    size: int | None = Field(None, ge=0, le=10_000)
-    tp: int | None = Field(None, ge=1, le=1024)
+    model_config = ConfigDict(extra="forbid", strict=True,
+                              json_schema_extra={"minProperties": 1})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            nulls = [k for k, v in data.items() if v is None and k in cls.model_fields]
+            if nulls:
+                raise ValueError(f"{', '.join(nulls)}: null is not a value; leave the field "
+                                 "out to keep it")
+        return data
 
 
-class RoutingUpdate(BaseModel):
-    """``PATCH /api/v1/routing`` body: only the fields to change. Strict like
-    ``PoolUpdate``; numbers finite and bounded."""
+class PoolUpdate(_Update):
+    """``PATCH /api/v1/pools/{role}`` body: the new desired size and/or TP."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-    disagg_min_prompt_tokens: int | None = Field(None, ge=0, le=10_000_000)
-    transfer_alert_share: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
-    prefill_policy: PolicyName | None = None
-    decode_policy: PolicyName | None = None
-    max_attempts: int | None = Field(None, ge=1, le=10)
-    request_timeout_s: float | None = Field(None, gt=0, le=86_400, allow_inf_nan=False)
-    max_inflight: int | None = Field(None, ge=0, le=1_000_000, description=(
+    size: int | SkipJsonSchema[None] = Field(None, ge=0, le=10_000)
+    tp: int | SkipJsonSchema[None] = Field(None, ge=1, le=1024)
+
+
+class RoutingUpdate(_Update):
+    """``PATCH /api/v1/routing`` body."""
+
+    disagg_min_prompt_tokens: int | SkipJsonSchema[None] = Field(None, ge=0, le=10_000_000)
+    transfer_alert_share: float | SkipJsonSchema[None] = Field(None, gt=0, le=1,
+                                                               allow_inf_nan=False)
+    prefill_policy: PolicyName | SkipJsonSchema[None] = None
+    decode_policy: PolicyName | SkipJsonSchema[None] = None
+    max_attempts: int | SkipJsonSchema[None] = Field(None, ge=1, le=10)
+    request_timeout_s: float | SkipJsonSchema[None] = Field(None, gt=0, le=86_400,
+                                                            allow_inf_nan=False)
+    max_inflight: int | SkipJsonSchema[None] = Field(None, ge=0, le=1_000_000, description=(
         "client requests in flight in the controller; more are answered 429 (0: no limit)"))
-    max_inflight_per_instance: int | None = Field(None, ge=0, le=1_000_000, description=(
-        "requests in flight on one instance (0: no limit)"))
+    max_inflight_per_instance: int | SkipJsonSchema[None] = Field(
+        None, ge=0, le=1_000_000, description="requests in flight on one instance (0: no limit)")
 
 
 ROUTING_FIELDS = tuple(RoutingUpdate.model_fields)

@@ -17,6 +17,7 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Security
+from fastapi.dependencies.utils import get_flat_dependant
 from fastapi.security import HTTPBearer
 from starlette.requests import Request
 
@@ -50,11 +51,28 @@ BEARER = HTTPBearer(auto_error=False, description="the token in STATE_DIR/token"
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorPublic, "description": "missing or invalid bearer token"},
     404: {"model": ErrorPublic, "description": "no such instance"},
+    413: {"model": ErrorPublic, "description": "a body over 64 KiB"},
     415: {"model": ErrorPublic, "description": "a body not sent as application/json"},
     422: {"model": ErrorPublic, "description": "refused: the field and the reason; nothing "
           "was changed"},
 }
-router = APIRouter(prefix="/api/v1", dependencies=[Security(BEARER)], responses=ERRORS)
+
+
+def known_query(request: Request) -> None:
+    """Refuse query parameters the route does not declare (a typo is not silently ignored)."""
+    route = request.scope.get("route")
+    if route is None or not request.query_params:
+        return
+    known = {p.alias for p in get_flat_dependant(route.dependant).query_params}
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        raise InvalidChange(f"unknown query parameter(s): {', '.join(unknown)}"
+                            + (f"; this route takes {', '.join(sorted(known))}" if known
+                               else "; this route takes none"), unknown[0])
+
+
+router = APIRouter(prefix="/api/v1", dependencies=[Security(BEARER), Depends(known_query)],
+                   responses=ERRORS)
 MAX_EVENT_ID = 2**63 - 1  # SQLite's INTEGER
 State = Annotated[AppState, Depends(app_state)]
 

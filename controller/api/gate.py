@@ -1,7 +1,8 @@
-"""The control API's front door (``/api/v1/*``), in front of the framework: the bearer token
-and the body's media type are checked before anything reads or parses the body, so an
-unauthenticated request is always 401, whatever it carries, and nothing behind the door
-runs for it.
+"""The control API's front door (``/api/v1/*``), in front of the framework: the bearer token,
+then the body -- sent as ``application/json``, at most ``MAX_BODY`` bytes, well-formed JSON --
+are checked before the framework reads it, so an unauthenticated request is always 401
+whatever it carries, and a body that is not JSON is always 422 (the framework would answer
+400 for one that is not UTF-8).
 
 Errors here have the control API's one shape (``ErrorPublic``: ``{"detail": ...}``).
 """
@@ -13,10 +14,11 @@ from collections.abc import Iterable
 
 import orjson
 
-from controller.api.asgi import ASGIApp, Receive, Scope, Send
+from controller.api.asgi import ASGIApp, Message, Receive, Scope, Send
 
 PREFIX = "/api/v1"
 BODY_METHODS = frozenset({"POST", "PATCH", "PUT"})
+MAX_BODY = 64 * 1024  # a control body is a few fields
 
 
 def auth_problem(headers: Iterable[tuple[bytes, bytes]], token: bytes) -> str | None:
@@ -81,9 +83,56 @@ class ControlGate:
             if problem is not None:
                 await answer(send, 401, problem, [(b"www-authenticate", b"Bearer")])
                 return
-            if (scope["method"] in BODY_METHODS and has_body(headers)
-                    and media_type(headers) != b"application/json"):
-                await answer(send, 415, "the body must be JSON, sent as "
-                                        "Content-Type: application/json")
-                return
+            if scope["method"] in BODY_METHODS and has_body(headers):
+                if media_type(headers) != b"application/json":
+                    await answer(send, 415, "the body must be JSON, sent as "
+                                            "Content-Type: application/json")
+                    return
+                body = await read_body(receive)
+                if body is None:
+                    return  # the client left
+                problem = json_problem(body)
+                if problem is not None:
+                    await answer(send, 413 if len(body) > MAX_BODY else 422, problem,
+                                 [(b"connection", b"close")] if len(body) > MAX_BODY else None)
+                    return
+                receive = replay(body, receive)
         await self.app(scope, receive, send)
+
+
+async def read_body(receive: Receive) -> bytes | None:
+    """The body, up to one byte past ``MAX_BODY``; None when the client left first."""
+    chunks, size = [], 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return None
+        chunk = msg.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_BODY or not msg.get("more_body"):
+            return b"".join(chunks)
+
+
+def json_problem(body: bytes) -> str | None:
+    if len(body) > MAX_BODY:
+        return f"the body is over {MAX_BODY} bytes"
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        return f"the body is not JSON (UTF-8): {exc}"
+    return None
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` for the app behind: the body read here, then the connection's own."""
+    sent = False
+
+    async def again() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return again

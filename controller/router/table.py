@@ -13,7 +13,9 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from controller.config import RoutingSettings
+from pydantic import ValidationError
+
+from controller.config import RoutingSettings, describe_validation_error
 from controller.errors import InvalidChange
 from controller.models import Instance, Role
 from controller.router.policies import Policy, make_policy
@@ -92,8 +94,9 @@ class RoutingTable:
         before = self.settings.model_dump()
         try:
             new = RoutingSettings.model_validate({**before, **patch})
-        except ValueError as exc:
-            raise InvalidChange(str(exc)) from None
+        except ValidationError as exc:
+            field = ".".join(str(p) for p in exc.errors()[0]["loc"]) if exc.errors() else None
+            raise InvalidChange(describe_validation_error(exc, "routing."), field) from None
         self.settings = new
         self.store.put("routing", new.model_dump())
         changed = {k: v for k, v in new.model_dump().items() if before.get(k) != v}

@@ -44,10 +44,12 @@ def test_the_lab_runs_float32_on_cpu_hosts_so_no_cpu_takes_the_amx_kernel(tmp_pa
         '"num_hidden_layers": 4, "intermediate_size": 512, "vocab_size": 600, '
         '"torch_dtype": "bfloat16"}')
     s = load_settings(None, backend="vllm", model={"name": "lab-tiny", "path": str(model)},
-                      hardware={"accelerator": "cpu-lab", "kv_link": "host-memory"})
+                      hardware={"accelerator": "cpu-lab", "kv_link": "host-memory"},
+                      pools={"prefill": {"tp": 1}, "decode": {"tp": 1}})
     assert s.engine_dtype == CPU_ENGINE_DTYPE == "float32"
     assert s.model_profile.dtype_bytes == 4  # KV bytes are counted at the engines' dtype
     path = engine_attention(s)
     assert path is not None and path.isa == "vec" and path.block_size == 128
-    gpu = load_settings(None, backend="vllm", model={"name": "lab-tiny", "path": str(model)})
+    gpu = load_settings(None, backend="vllm", model={"name": "lab-tiny", "path": str(model)},
+                        pools={"prefill": {"tp": 1}, "decode": {"tp": 1}})
     assert gpu.engine_dtype is None and engine_attention(gpu) is None

@@ -15,11 +15,12 @@ from controller.launchers.vllm import VllmLauncher, kv_transfer_config
 from controller.models import Role
 
 CPU = {"accelerator": "cpu-lab", "kv_link": "host-memory"}
+ONE_CORE = {"prefill": {"tp": 1}, "decode": {"tp": 1}}  # pools that fit the CPU lab
 
 
 def settings(tmp_path: Path, **over: object) -> Settings:
     return load_settings(None, backend="vllm", model={"name": "lab-tiny", "path": str(tmp_path)},
-                         **over)
+                         **{"pools": ONE_CORE, **over})
 
 
 def test_cpu_engines_get_the_lease_and_no_nixl_worker_threads(tmp_path: Path) -> None:
