@@ -201,6 +201,14 @@ def routing_form(current: RoutingPublic) -> None:
             "request_timeout_s": b.number_input(
                 "request timeout (s)", min_value=0.0,
                 value=current.request_timeout_s, step=10.0, key=f"r-to-{v}"),
+            "max_inflight": a.number_input(
+                "max requests in flight (0: no limit)", min_value=0,
+                value=current.max_inflight, step=64, key=f"r-cap-{v}",
+                help="admission control: one more client request is answered 429 at once"),
+            "max_inflight_per_instance": b.number_input(
+                "max in flight per instance (0: no limit)", min_value=0,
+                value=current.max_inflight_per_instance, step=8, key=f"r-icap-{v}",
+                help="a full instance gets no new request; a full decode pool answers 429"),
         }
         if st.form_submit_button("Apply routing"):
             patch = changes.routing_patch(current, wanted)
