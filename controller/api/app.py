@@ -11,7 +11,7 @@ import contextlib
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +119,26 @@ def _detail(exc: PdctlError) -> dict[str, Any]:
     return out
 
 
+def invalid_detail(errors: Sequence[Any]) -> dict[str, Any]:
+    """A refused request's ``ErrorPublic``: one reason per field (``size``,
+    ``query.since_id``), the first field named in ``field``. The branches of an optional
+    field (``int | None``) are one field: its "should be None" branch says nothing."""
+    reasons: dict[str, str] = {}
+    for e in errors:
+        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+        if e.get("type") == "none_required" and len(loc) > 1:
+            continue
+        where = ".".join(loc[:2]) if loc and loc[0] in ("query", "path", "header") else (
+            loc[0] if loc else "")
+        reasons.setdefault(where, str(e.get("msg")))
+    detail = "; ".join(f"{k}: {v}" if k else v for k, v in reasons.items())
+    out: dict[str, Any] = {"detail": detail or "invalid request"}
+    first = next(iter(reasons), "")
+    if first:
+        out["field"] = first
+    return out
+
+
 class ControllerApp(FastAPI):
     """FastAPI for the control API, with the data plane (``data.DataPlane``) outermost: the
     inference routes skip every framework layer, error middleware included. Next comes the
@@ -140,11 +160,7 @@ def create_app(settings: Settings, launcher: Launcher | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        parts = []
-        for e in exc.errors():
-            loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
-            parts.append(f"{loc}: {e.get('msg')}" if loc else str(e.get("msg")))
-        return JSONResponse({"detail": "; ".join(parts)}, status_code=422)
+        return JSONResponse(invalid_detail(exc.errors()), status_code=422)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:

@@ -14,6 +14,7 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.generation.case import Case
 from schemathesis.generation.modes import GenerationMode
 from schemathesis.openapi.loaders import from_url
+from schemathesis.schemas import APIOperation
 
 from tests.integration.harness import ControllerProc, start_controller
 
@@ -37,6 +38,19 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerProc]
     c.stop()
 
 
+def fuzz(op: APIOperation, mode: GenerationMode, seen: dict[str, set[int]]) -> None:
+    """Hypothesis over one operation in one mode; the statuses answered go to ``seen``."""
+    key = f"{op.label} ({mode.value})"
+
+    @given(case=op.as_strategy(generation_mode=mode))
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    def run(case: Case) -> None:
+        seen.setdefault(key, set()).add(case.call_and_validate(timeout=30).status_code)
+
+    run()
+
+
 def test_control_api_answers_as_documented(target: ControllerProc) -> None:
     schema = from_url(f"{target.url}/openapi.json", config=config(target.token)).include(
         path_regex="^/(api/v1|healthz)")
@@ -46,17 +60,8 @@ def test_control_api_answers_as_documented(target: ControllerProc) -> None:
     assert len(operations) >= 15, [op.label for op in operations]
     for op in operations:
         for mode in GenerationMode:
-
-            @given(case=op.as_strategy(generation_mode=mode))
-            @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                      suppress_health_check=list(HealthCheck))
-            def run(case: Case) -> None:
-                r = case.call_and_validate(timeout=30)
-                seen.setdefault(f"{case.operation.label} ({mode.value})", set()).add(
-                    r.status_code)
-
             try:
-                run()
+                fuzz(op, mode, seen)
             except Unsatisfiable:
                 assert mode is GenerationMode.NEGATIVE  # nothing in the request to make invalid
             except (Exception, BaseExceptionGroup) as exc:  # every operation, then the report

@@ -317,7 +317,7 @@ def test_concurrent_pool_and_routing_changes_agree_everywhere(ctl: ControllerPro
     ("/pools/prefill", {"replicas": 2}, "replicas"),
     ("/pools/prefill", {}, None),
     ("/routing", {"max_attempts": True}, "max_attempts"),
-    ("/routing", b'{"request_timeout_s": 1e999}', "request_timeout_s"),
+    ("/routing", b'{"request_timeout_s": 1e999}', "infinity"),  # refused as JSON
     ("/routing", {"request_timeout_s": "5"}, "request_timeout_s"),
     ("/routing", {"request_timeout_s": 0}, "request_timeout_s"),
     ("/routing", {"transfer_alert_share": 2}, "transfer_alert_share"),
