@@ -47,12 +47,15 @@ log = logging.getLogger("pdctl.controller")
 
 
 def ensure_token(state_dir: Path) -> str:
-    """The API token in ``state_dir/token``, created owner-only on first start."""
+    """The API token in ``state_dir/token``, created owner-only on first start.
+
+    Hex, so that it never starts with ``-``: ``pdctl status --token $(cat .pdctl/token)`` must
+    not read it as an option (a url-safe token did, one start in 64)."""
     path = state_dir / "token"
     if path.exists():
         return path.read_text().strip()
     state_dir.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(32)
+    token = secrets.token_hex(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")

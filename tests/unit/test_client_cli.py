@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +13,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from controller import cli, client_cli
+from controller.api.app import ensure_token
 from controller.api.state import AppState
+from controller.cli import build_parser
 from controller.models import Role
 from pdctl_api.client import PdctlClient
 from tests.unit.api_app import app_state, through
@@ -108,3 +111,14 @@ def test_no_token_and_unreachable_controller(tmp_path: Path,
     err = capsys.readouterr().err
     assert err.startswith("pdctl status: cannot reach the controller at http://127.0.0.1:9: "
                           "ConnectError")
+
+
+def test_a_generated_token_is_never_read_as_an_option(tmp_path: Path) -> None:
+    """CI once drew a url-safe token starting with ``-``: ``--token -va3…`` failed to parse."""
+    for n in range(64):
+        token = ensure_token(tmp_path / str(n))
+        assert re.fullmatch(r"[0-9a-f]{64}", token)
+        args = build_parser().parse_args(["status", "--token", token])
+        assert args.token == token
+    assert oct((tmp_path / "0" / "token").stat().st_mode & 0o777) == "0o600"
+    assert ensure_token(tmp_path / "0") == (tmp_path / "0" / "token").read_text().strip()
