@@ -17,7 +17,7 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Security
-from fastapi.dependencies.utils import get_flat_dependant
+from fastapi.dependencies.models import Dependant
 from fastapi.security import HTTPBearer
 from starlette.requests import Request
 
@@ -58,12 +58,22 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+def query_names(dependant: Dependant) -> frozenset[str]:
+    """The query parameters a route declares, its dependencies' included. Walked here rather
+    than with FastAPI's ``get_flat_dependant``, which newer FastAPI releases no longer have
+    (the console image, built without vLLM's pins, got one and failed to import)."""
+    names = {p.alias for p in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= query_names(sub)
+    return frozenset(names)
+
+
 def known_query(request: Request) -> None:
     """Refuse query parameters the route does not declare (a typo is not silently ignored)."""
     route = request.scope.get("route")
     if route is None or not request.query_params:
         return
-    known = {p.alias for p in get_flat_dependant(route.dependant).query_params}
+    known = query_names(route.dependant)
     unknown = sorted(set(request.query_params) - known)
     if unknown:
         raise InvalidChange(f"unknown query parameter(s): {', '.join(unknown)}"

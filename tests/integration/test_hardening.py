@@ -120,6 +120,18 @@ def test_events_since_id_at_the_bounds(ctl: ControllerProc) -> None:
     assert ctl.get("/events", since_id=0, limit=1)
 
 
+def test_unknown_query_parameters_are_422_with_what_the_route_takes(ctl: ControllerProc
+                                                                     ) -> None:
+    r = ctl.api("GET", "/events", params={"limt": 5})
+    assert r.status_code == 422, r.text
+    assert r.json() == {"detail": "unknown query parameter(s): limt; this route takes "
+                        "kind, limit, since_id", "field": "limt"}
+    r = ctl.api("GET", "/cluster", params={"verbose": 1})
+    assert (r.status_code, r.json()["field"]) == (422, "verbose"), r.text
+    assert r.json()["detail"].endswith("this route takes none")
+    assert ctl.api("GET", "/stats", params={"window_s": 30}).status_code == 200
+
+
 # ---- finding 3: malformed OpenAI bodies are 400 and recorded --------------------------------
 
 
