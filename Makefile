@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 
-.PHONY: lab test lint typecheck unit integration bench bench-router browser prometheus clean
+.PHONY: lab test lint typecheck unit integration bench bench-router browser prometheus docker clean
 
 LAB_MODEL := lab-model
 
@@ -25,7 +25,7 @@ lab: $(STAMP) $(LAB_MODEL)/model.safetensors
 	@$(MAKE) --no-print-directory prometheus || echo "(the lab runs without Prometheus)"
 	$(BIN)/pdctl lab --model-dir $(LAB_MODEL)
 
-test: lint typecheck browser prometheus
+test: lint typecheck browser prometheus docker
 	$(BIN)/pytest
 
 # The console's browser test drives Debian's Chromium (Playwright without its own browsers).
@@ -33,6 +33,15 @@ browser:
 	@command -v chromium >/dev/null || { \
 	  [ "$$(id -u)" = 0 ] || { echo "install Debian's chromium (needs root)"; exit 1; }; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
+# Docker for tests/docker (the compose lab built and run): Debian's engine, docker-compose 1.29
+# and debootstrap (the local base image). The tests start the engine when none runs, and stop it.
+docker:
+	@{ [ -x /usr/sbin/dockerd ] && [ -x /usr/bin/docker-compose ] && command -v debootstrap; } \
+	  >/dev/null || { \
+	  [ "$$(id -u)" = 0 ] || { echo "install Debian's docker.io docker-compose debootstrap (needs root)"; exit 1; }; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends docker.io docker-compose debootstrap; }
 
 # Prometheus and promtool for the lab and tests/prometheus: Debian's package (2.42), not a
 # downloaded binary. `make lab` runs without it when it cannot be installed (not root).

@@ -118,7 +118,7 @@ def dockerfile_args_and_copies(path: Path) -> tuple[set[str], list[str]]:
         words = line.split()
         if words[:1] == ["ARG"]:
             args.add(words[1].split("=")[0])
-        elif words[:1] == ["COPY"]:
+        elif words[:1] == ["COPY"] and not any(w.startswith("--from") for w in words):
             copies += [w for w in words[1:-1] if not w.startswith("--")]
     return args, copies
 
@@ -246,3 +246,45 @@ def test_grafana_provisioning_points_at_the_dashboard_and_datasource() -> None:
 def test_grafana_has_every_console_panel_query() -> None:
     console = {prom.expr(name, "$__rate_interval") for name in prom.QUERIES}
     assert console - set(grafana_exprs()) == set()
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_every_image_is_built_here_or_named_by_a_knob(name: str) -> None:
+    """Each service's image is either built by the file (with a Dockerfile here) or comes from
+    a knob of docker/.env with the same default in the file; each build argument the file
+    passes is one its Dockerfile declares, and every ``FROM`` names a declared argument or a
+    build stage."""
+    raw = yaml.safe_load((DOCKER / name).read_text())
+    env = dotenv(DOCKER / ".env")
+    for svc_name, svc in raw["services"].items():
+        image = svc["image"]
+        if "build" in svc:
+            assert not VAR.search(image), f"{svc_name}: a built image has a fixed tag"
+            dockerfile = (DOCKER / svc["build"]["context"] / svc["build"]["dockerfile"])
+            text = dockerfile.read_text()
+            args, _ = dockerfile_args_and_copies(dockerfile)
+            stages = set(re.findall(r"^FROM \S+ AS (\S+)$", text, re.M))
+            for base in re.findall(r"^FROM (\S+)", text, re.M):
+                m = re.fullmatch(r"\$\{(\w+)\}", base)
+                assert (m and m.group(1) in args) or base in stages or ":" in base, base
+            for arg, value in svc["build"].get("args", {}).items():
+                assert arg in args, f"{svc_name}: {arg} not declared in {dockerfile.name}"
+                for m in VAR.finditer(str(value)):
+                    assert m.group(1) in env, f"{svc_name}: {arg} uses an undefined knob"
+        else:
+            m = VAR.fullmatch(image)
+            assert m and m.group(1) in env, f"{svc_name}: image {image} is not a knob"
+            assert m.group(3) == env[m.group(1)], f"{svc_name}: default differs from .env"
+    declared = set(raw.get("volumes") or {})
+    used = {v.split(":")[0] for svc in raw["services"].values() for v in svc.get("volumes", [])
+            if not v.startswith((".", "/", "$"))}
+    assert used == declared, "a named volume is used but not declared, or declared unused"
+
+
+def test_published_ports_listen_on_loopback_unless_changed() -> None:
+    assert dotenv(DOCKER / ".env")["PUBLISH_ADDRESS"] == "127.0.0.1"
+    for name in COMPOSE_FILES:
+        doc, _ = load_compose(name)
+        for svc in doc["services"].values():
+            for port in svc.get("ports", []):
+                assert port.startswith("127.0.0.1:"), port
