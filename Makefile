@@ -41,7 +41,7 @@ docker:
 	  >/dev/null || { \
 	  [ "$$(id -u)" = 0 ] || { echo "install Debian's docker.io docker-compose debootstrap (needs root)"; exit 1; }; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    --no-install-recommends docker.io docker-compose debootstrap; }
+	    docker.io docker-compose debootstrap; }
 
 # Prometheus and promtool for the lab and tests/prometheus: Debian's package (2.42), not a
 # downloaded binary. `make lab` runs without it when it cannot be installed (not root).
