@@ -15,7 +15,6 @@ from starlette.testclient import TestClient
 from controller import cli, client_cli
 from controller.api.app import ensure_token
 from controller.api.state import AppState
-from controller.cli import build_parser
 from controller.models import Role
 from pdctl_api.client import PdctlClient
 from tests.unit.api_app import app_state, through
@@ -118,7 +117,7 @@ def test_a_generated_token_is_never_read_as_an_option(tmp_path: Path) -> None:
     for n in range(64):
         token = ensure_token(tmp_path / str(n))
         assert re.fullmatch(r"[0-9a-f]{64}", token)
-        args = build_parser().parse_args(["status", "--token", token])
+        args = cli.build_parser().parse_args(["status", "--token", token])
         assert args.token == token
     assert oct((tmp_path / "0" / "token").stat().st_mode & 0o777) == "0o600"
     assert ensure_token(tmp_path / "0") == (tmp_path / "0" / "token").read_text().strip()
