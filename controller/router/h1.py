@@ -251,7 +251,8 @@ class H1Upstream:
     # ---- requests ---------------------------------------------------------------------
 
     async def open(self, url: str, payload: bytes, headers: Mapping[str, str],
-                   resend: bool = True) -> _Response:
+                   resend: bool = True, on_sent: Callable[[], None] | None = None
+                   ) -> _Response:
         host, port, path, host_header = _target(url)
         key = (host, port)
         head = [b"POST ", path, b" HTTP/1.1\r\nHost: ", host_header,
@@ -262,19 +263,22 @@ class H1Upstream:
         conn = self._reuse(key)
         if conn is not None:
             try:
-                return await self._exchange(key, conn, data)
+                return await self._exchange(key, conn, data, on_sent)
             except UpstreamError:
                 if conn.received or not conn.lost or not resend:
                     raise  # an answer began, the engine is slow, or the caller forbids it
                 # The engine closed the idle connection as the request went out: it never
                 # saw the request, so send it once more on a new connection.
-        return await self._exchange(key, await self._connect(key), data)
+        return await self._exchange(key, await self._connect(key), data, on_sent)
 
-    async def _exchange(self, key: tuple[str, int], conn: _Conn, data: bytes) -> _Response:
+    async def _exchange(self, key: tuple[str, int], conn: _Conn, data: bytes,
+                        on_sent: Callable[[], None] | None) -> _Response:
         conn._reset()
         assert conn.transport is not None
         try:
-            conn.transport.write(data)
+            conn.transport.write(data)  # closing the transport later still sends it whole
+            if on_sent is not None:
+                on_sent()
             while not conn.headers_done:
                 if conn.error is not None:
                     raise conn.error

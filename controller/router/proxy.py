@@ -23,8 +23,8 @@ The rules that keep vLLM's KV contract (docs/routing-and-accounting.md):
 - a handle whose decode hop would start later than ``kv.late_hop_share`` of the lease goes
   colocated; a streaming hop with no token by then is aborted (its read is stuck and would
   complete after the lease, from freed blocks) and served colocated;
-- a handle that will not be read (client gone between the hops, no decode instance could
-  take it, late) is released at once: sent to a decode engine in a request its serving layer
+- a handle that will not be read (client gone during the prefill hop or before the decode
+  hop was written, no decode instance could take it, late) is released at once: sent to a decode engine in a request its serving layer
   rejects, which makes vLLM notify the prefill to free the blocks;
 - attempts that may have reached an engine and failed (it died, or answered 5xx) are at most
   two per request, so a request that kills engines cannot walk the whole pool.
@@ -36,6 +36,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -352,15 +353,24 @@ class Proxy:
                 return None
             self._assign_decode(ctx, inst)
             tried.add(inst.id)
+            written: list[bool] = []
             try:
                 resp = await self._attempt(ctx, inst, payload, resend=False,
-                                           first_by=done.answered_at + self._late_s)
+                                           first_by=done.answered_at + self._late_s,
+                                           on_sent=partial(written.append, True))
             except AttemptFailed as exc:
                 if exc.reached:
                     # The handle may have been read: it is never sent again. (A hop aborted
                     # for a stuck read answered nobody: its late read cannot taint output.)
                     ctx.kv_handle = None if exc.stuck else done.handle
                     return None
+            except asyncio.CancelledError:
+                if not written:
+                    # The client left while the hop was still connecting: no engine has the
+                    # handle, so nothing would free the prefill's blocks before the lease
+                    # ends. (A hop already written is aborted by the engine, which frees them.)
+                    self._spawn(self._release(done.kv_params, None, "client_gone", ctx.rid))
+                raise
             else:
                 ctx.kv_handle = done.handle
                 return resp
@@ -412,14 +422,15 @@ class Proxy:
         return self.table.pick(Role.DECODE, avoid) or self.table.pick(Role.DECODE, tried)
 
     async def _attempt(self, ctx: Ctx, inst: Instance, payload: bytes, resend: bool,
-                       first_by: float | None = None) -> Stream:
+                       first_by: float | None = None,
+                       on_sent: Callable[[], None] | None = None) -> Stream:
         """One decode hop to ``inst``: a stream whose first chunk is here (streaming, 200) or
         the whole answer. Raises ``AttemptFailed`` for an unreachable engine, a lost
         connection, a 5xx, or no first chunk by ``first_by`` (router clock)."""
         ctx.decode_sent = self._sending(ctx)
         try:
             resp = await self.upstream.open(f"{inst.url}{ctx.endpoint}", payload,
-                                            self._headers(ctx), resend)
+                                            self._headers(ctx), resend, on_sent)
         except UpstreamError as exc:
             self._unreachable(ctx, inst, exc)
             raise self._failed(ctx, inst, str(exc), exc.sent) from None

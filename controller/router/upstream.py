@@ -6,7 +6,7 @@ stand in a fake engine without sockets.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -49,12 +49,14 @@ class Stream(Protocol):
 class Upstream(Protocol):
     """``resend=False``: never send the request a second time, not even on a new connection
     after a reused one was lost (a body carrying a KV handle must reach at most one engine
-    once)."""
+    once). ``on_sent`` is called once the request is written to a connection: a caller
+    cancelled before then knows the engine never saw it."""
 
     async def post(self, url: str, payload: bytes, headers: Mapping[str, str],
                    resend: bool = True) -> Reply: ...
 
     async def open(self, url: str, payload: bytes, headers: Mapping[str, str],
-                   resend: bool = True) -> Stream: ...
+                   resend: bool = True, on_sent: Callable[[], None] | None = None
+                   ) -> Stream: ...
 
     async def close(self) -> None: ...

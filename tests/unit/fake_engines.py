@@ -98,14 +98,21 @@ class FakeEngines:
     behaviour: dict[str, Behaviour] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     attempts: list[Call] = field(default_factory=list)
+    # Per instance: connecting to it waits for the event (nothing is written before it is set).
+    connecting: dict[str, asyncio.Event] = field(default_factory=dict)
 
     def _call(self, url: str, payload: bytes, resend: bool) -> Call:
         u = httpx.URL(url)
         return Call(u.host, u.path, json.loads(payload), resend)
 
-    async def _run(self, url: str, payload: bytes, resend: bool) -> Answer:
+    async def _run(self, url: str, payload: bytes, resend: bool,
+                   on_sent: Callable[[], None] | None = None) -> Answer:
         call = self._call(url, payload, resend)
         self.attempts.append(call)
+        if call.host in self.connecting:
+            await self.connecting[call.host].wait()
+        if on_sent is not None:
+            on_sent()
         how = self.behaviour.get(call.host) or (
             prefill_ok if call.host.startswith("prefill") else decode_ok)
         try:
@@ -123,8 +130,8 @@ class FakeEngines:
         return Reply(a.status, await a.read())
 
     async def open(self, url: str, payload: bytes, headers: Mapping[str, str],
-                   resend: bool = True) -> Answer:
-        return await self._run(url, payload, resend)
+                   resend: bool = True, on_sent: Callable[[], None] | None = None) -> Answer:
+        return await self._run(url, payload, resend, on_sent)
 
     async def close(self) -> None:
         pass

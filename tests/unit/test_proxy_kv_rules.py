@@ -19,6 +19,7 @@ from tests.unit.fake_engines import (
     Clock,
     FakeEngines,
     answers_503,
+    decode_ok,
     died,
     idle,
     make_proxy,
@@ -160,6 +161,45 @@ async def test_a_client_gone_during_the_prefill_hop_gets_its_blocks_released(tmp
     [release] = engines.kv_deliveries()
     assert release.is_release and release.kv == KV
     assert releases(proxy, "client_gone") == 1
+    assert idle(table)
+
+
+@pytest.mark.parametrize("written", [False, True])
+async def test_a_client_gone_while_the_decode_hop_connects_gets_its_blocks_released(
+        tmp_path: Path, written: bool) -> None:
+    """Before the hop is written no engine has the handle: the router releases it. Once
+    written, the decode engine aborts the request and frees the blocks itself."""
+    connect, hop = asyncio.Event(), asyncio.Event()
+
+    async def gated_decode(call: Call) -> Answer:
+        if call.is_release:
+            return await decode_ok(call)
+        await hop.wait()
+        return Answer(200, {"choices": [{"text": "ok"}]})
+
+    engines = FakeEngines({"decode-1": gated_decode}, connecting={"decode-1": connect})
+    if written:
+        connect.set()
+    proxy, table = make_proxy(tmp_path, engines, decode=1)
+    task = asyncio.create_task(serve(proxy, LONG))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if [c for c in engines.attempts if c.host == "decode-1"]:
+            break
+    assert [c.host for c in engines.attempts] == ["prefill-1", "decode-1"]
+    task.cancel()  # the client left while the decode hop was connecting (or running)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    connect.set()
+    await settle(proxy)
+    [rec] = proxy.requests.recent(1)
+    assert rec.status == "cancelled" and rec.path is RequestPath.DISAGGREGATED
+    released = [c for c in engines.calls if c.is_release]
+    if written:
+        assert released == [] and releases(proxy, "client_gone") == 0
+    else:
+        [release] = released
+        assert release.kv == KV and releases(proxy, "client_gone") == 1
     assert idle(table)
 
 

@@ -4,7 +4,7 @@ the request (nothing has reached the client yet)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -53,7 +53,7 @@ class FlakyEngine:
         raise AssertionError("no prefill hop expected")
 
     async def open(self, url: str, payload: bytes, headers: Mapping[str, str],
-                   resend: bool = True) -> Answer:
+                   resend: bool = True, on_sent: Callable[[], None] | None = None) -> Answer:
         self.calls.append(url)
         if len(self.calls) == 1:
             raise UpstreamError("ConnectionTimeoutError: slow accept", sent=False)

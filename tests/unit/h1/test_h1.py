@@ -276,6 +276,31 @@ async def test_cancelling_a_request_closes_its_connection() -> None:
                                 ) in (None, [])
 
 
+async def test_on_sent_marks_a_request_written_whole_even_if_cancelled_at_once() -> None:
+    async def slow(request: bytes, writer: asyncio.StreamWriter, n: int) -> bool:
+        await asyncio.sleep(1)
+        return False
+
+    sent: list[str] = []
+    async with Engine(slow) as engine:
+        client = H1Upstream(read_timeout_s=5)
+        task = asyncio.create_task(client.open(engine.url, b'{"kv": 1}', HEADERS, False,
+                                               lambda: (sent.append("sent"), task.cancel())))
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert sent == ["sent"]
+        for _ in range(100):  # the request reaches the engine whole, then the connection ends
+            if engine.requests:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.requests and engine.requests[0].endswith(b'{"kv": 1}')
+        refused = H1Upstream(read_timeout_s=1)
+        with pytest.raises(UpstreamError) as exc:
+            await refused.open("http://127.0.0.1:1/v1/completions", b"{}", HEADERS, False,
+                               lambda: sent.append("refused"))
+        assert exc.value.sent is False and sent == ["sent"]
+
+
 def test_only_plain_http_urls() -> None:
     with pytest.raises(UpstreamError, match="plain http"):
         asyncio.run(H1Upstream(read_timeout_s=1).post("https://x:1/v1", b"{}", HEADERS))
