@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from controller import profiles
-from controller.cpu_features import CPU_ENGINE_DTYPE
+from controller.cpu_features import CPU_ENGINE_DTYPE, CPU_ENGINE_NICE
 from controller.errors import ConfigError, InvalidChange
 from pdctl_api.schema import PolicyName
 
@@ -163,6 +163,10 @@ class VllmSettings(Strict):
     cpu_kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE per instance")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     enforce_eager: bool = False
+    nice: int | None = Field(None, ge=0, le=19, description=(
+        "niceness of the engine processes; default: 19 on CPU hosts (their busy-polling "
+        "threads would otherwise starve the controller, console and Prometheus on the same "
+        "cores, docs/vllm-lab.md), 0 on GPU hosts"))
     extra_env: dict[str, str] = Field(default_factory=dict)
     kv_connector_extra_config: dict[str, Any] = Field(default_factory=dict, description=(
         "more NixlConnector settings; default on CPU hosts {num_threads: 0} "
@@ -289,6 +293,13 @@ class Settings(BaseSettings):
         if self.backend != "vllm":
             return None
         return self.vllm.dtype or (CPU_ENGINE_DTYPE if self.hardware.is_cpu else None)
+
+    @property
+    def engine_nice(self) -> int:
+        """The niceness the vLLM engine processes run at."""
+        if self.vllm.nice is not None:
+            return self.vllm.nice
+        return CPU_ENGINE_NICE if self.backend == "vllm" and self.hardware.is_cpu else 0
 
 
 def model_profile_for(m: ModelSettings) -> profiles.ModelProfile:

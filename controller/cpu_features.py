@@ -28,6 +28,13 @@ CPU_ENGINE_DTYPE = "float32"
 # (max 64 s), against 0 expiries and 4 of 280 over 10 s (max 18 s) with no worker threads,
 # measured in alternating runs (docs/routing-and-accounting.md, "A stuck KV read").
 CPU_NIXL_EXTRA: dict[str, object] = {"num_threads": 0}
+# The niceness CPU engines run at unless ``vllm.nice`` says otherwise. Each engine keeps two
+# threads busy-polling with no traffic at all (the worker and NIXL's UCX progress thread);
+# at niceness 0 they starved everything else on the lab's two cores: `import pandas` took
+# 48-85 s on the host and 203 s in the console's container (1.2 s with the engines idle-
+# starting), at 10 14 s, at 19 6.4 s, while a disaggregated completion took 0.34 s at 19
+# against 0.85 s at 0 (the router gets its share too). Measured 2026-12-02.
+CPU_ENGINE_NICE = 19
 
 
 def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 from controller.launchers.base import Launched, Launcher
@@ -29,19 +30,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _child_setup() -> None:
+def _child_setup(nice: int) -> None:
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if nice:
+        os.nice(nice)  # inherited by every thread and child the engine starts
 
 
-def spawn(argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None
-          ) -> subprocess.Popen[bytes]:
+def spawn(argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None,
+          nice: int = 0) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a new process group, output to ``log_path``, ``nice`` added to its
+    niceness."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})}, start_new_session=True,
-            preexec_fn=_child_setup,  # noqa: PLW1509 - needed for PDEATHSIG
+            preexec_fn=partial(_child_setup, nice),  # noqa: PLW1509 - needed for PDEATHSIG
         )
 
 

@@ -113,7 +113,8 @@ class VllmLauncher(ProcessLauncher):
 
     async def start(self, spec: LaunchSpec) -> Launched:
         port, side = free_port(), free_port()
-        proc = spawn(self.argv(spec, port), spec.log_path, self.env(spec, side))
+        proc = spawn(self.argv(spec, port), spec.log_path, self.env(spec, side),
+                     nice=self._s.engine_nice)
         self._track(proc)
         return Launched(url=f"http://127.0.0.1:{port}",
                         handle={"proc": proc, "log": spec.log_path, "pid": proc.pid,

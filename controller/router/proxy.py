@@ -24,8 +24,9 @@ The rules that keep vLLM's KV contract (docs/routing-and-accounting.md):
   colocated; a streaming hop with no token by then is aborted (its read is stuck and would
   complete after the lease, from freed blocks) and served colocated;
 - a handle that will not be read (client gone during the prefill hop or before the decode
-  hop was written, no decode instance could take it, late) is released at once: sent to a decode engine in a request its serving layer
-  rejects, which makes vLLM notify the prefill to free the blocks;
+  hop was written, no decode instance could take it, late) is released at once: sent to a
+  decode engine in a request its serving layer rejects, which makes vLLM notify the prefill
+  to free the blocks;
 - attempts that may have reached an engine and failed (it died, or answered 5xx) are at most
   two per request, so a request that kills engines cannot walk the whole pool.
 """

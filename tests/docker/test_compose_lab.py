@@ -230,23 +230,28 @@ def test_the_console_renders_live_figures_in_chromium(compose: Compose, lab: Pdc
         return ms(card.first.locator('[data-testid="stMetricValue"]').inner_text())
 
     console = f"http://127.0.0.1:{compose.knobs['CONSOLE_PORT']}"
-    with Traffic(compose) as traffic, sync_playwright() as pw:
+    with sync_playwright() as pw:
         ctx = pw.chromium.launch_persistent_context(
             str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True,
             args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
         try:
             page = ctx.new_page()
+            t0 = time.monotonic()
             page.goto(console)
-            expect(page.locator("h1").first).to_have_text("Overview", timeout=60_000)
-            parts = ("prefill", "KV transfer", "decode scheduling")
-            deadline = time.monotonic() + 180
-            while not all(metric(page, p) > 0 for p in parts):
-                assert time.monotonic() < deadline, {p: metric(page, p) for p in parts}
-                page.wait_for_timeout(1000)
-            page.locator(DRAWN).nth(4).wait_for(timeout=60_000)  # 5 charts, 6 from Prometheus
-            expect(page.get_by_text("cannot reach")).to_have_count(0)
-            SHOTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=SHOTS / "compose-overview.png", full_page=True)
+            # The console's first page view in a fresh container imports pandas and Altair
+            # from a cold image: timed, and given room on a CI machine the engines keep busy.
+            expect(page.locator("h1").first).to_have_text("Overview", timeout=240_000)
+            record(console_first_view_s=round(time.monotonic() - t0, 1))
+            with Traffic(compose) as traffic:
+                parts = ("prefill", "KV transfer", "decode scheduling")
+                deadline = time.monotonic() + 180
+                while not all(metric(page, p) > 0 for p in parts):
+                    assert time.monotonic() < deadline, {p: metric(page, p) for p in parts}
+                    page.wait_for_timeout(1000)
+                page.locator(DRAWN).nth(4).wait_for(timeout=60_000)  # 5 charts, 6 from Prom.
+                expect(page.get_by_text("cannot reach")).to_have_count(0)
+                SHOTS.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=SHOTS / "compose-overview.png", full_page=True)
         finally:
             ctx.close()
     assert traffic.errors == []

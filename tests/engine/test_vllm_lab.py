@@ -277,3 +277,28 @@ def test_instance_log_is_reachable(lab: ControllerProc) -> None:
     # vLLM's own choice of CPU attention kernel, logged at start: never the amx kernel
     # that crashes (docs/vllm-lab.md), on AMX CPUs and others alike.
     assert "pdctl: vLLM CPU attention path vec (" in log, log[:2000]
+
+
+def test_engines_and_all_their_threads_run_at_niceness_19(lab: ControllerProc) -> None:
+    """So that their busy-polling threads leave the controller its share of the two cores."""
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    for inst in lab.get("/instances?state=ready"):
+        pid = int(str(inst["pid"]))
+        group = [int(p) for p in os.listdir("/proc") if p.isdigit() and _pgid(int(p)) == pid]
+        tids = [int(t) for p in group for t in os.listdir(f"/proc/{p}/task")]
+        assert len(tids) > 3, (inst["id"], group)  # the server, its engine core and worker
+        assert {_nice(t) for t in tids} - {None} == {min(mine + 19, 19)}
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _nice(tid: int) -> int | None:
+    try:
+        return os.getpriority(os.PRIO_PROCESS, tid)
+    except ProcessLookupError:  # a thread that ended meanwhile
+        return None

@@ -1,9 +1,13 @@
 """The vLLM engines' command line: the NixlConnector config both roles get, and the CPU
-defaults that keep the real P/D path working (float32, no NIXL worker threads)."""
+defaults that keep the real P/D path working (float32, no NIXL worker threads) and the rest of
+the host responsive (niceness 19)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +15,7 @@ import pytest
 from controller.config import Settings, load_settings
 from controller.errors import ConfigError
 from controller.launchers.base import LaunchSpec
+from controller.launchers.process import spawn, stop_group
 from controller.launchers.vllm import VllmLauncher, kv_transfer_config
 from controller.models import Role
 
@@ -54,3 +59,28 @@ def test_operator_settings_win_and_gpu_hosts_keep_vllm_defaults(tmp_path: Path) 
 def test_the_lease_is_set_in_one_place(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="kv.lease_s"):
         settings(tmp_path, vllm={"kv_connector_extra_config": {"kv_lease_duration": 5}})
+
+
+def test_cpu_engines_run_at_niceness_19_unless_told(tmp_path: Path) -> None:
+    assert settings(tmp_path, hardware=CPU).engine_nice == 19
+    assert settings(tmp_path, hardware=CPU, vllm={"nice": 0}).engine_nice == 0
+    assert settings(tmp_path).engine_nice == 0  # a GPU host
+    with pytest.raises(ConfigError, match="nice"):
+        settings(tmp_path, vllm={"nice": 20})
+
+
+async def test_spawned_engines_get_their_niceness_with_every_thread(tmp_path: Path) -> None:
+    proc = spawn([sys.executable, "-c", "import threading, time; threading.Thread("
+                  "target=time.sleep, args=(30,)).start(); time.sleep(30)"],
+                 tmp_path / "e.log", nice=7)
+    try:
+        for _ in range(100):
+            tids = os.listdir(f"/proc/{proc.pid}/task")
+            if len(tids) > 1:
+                break
+            await asyncio.sleep(0.02)
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        assert len(tids) > 1
+        assert {os.getpriority(os.PRIO_PROCESS, int(t)) for t in tids} == {mine + 7}
+    finally:
+        await stop_group(proc, 1.0)
