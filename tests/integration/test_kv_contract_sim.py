@@ -43,9 +43,8 @@ def instances(ctl: ControllerProc, role: str) -> list[dict[str, object]]:
 
 
 def controller_metric(ctl: ControllerProc, name: str, label: str = "") -> float:
-    text = httpx.get(f"{ctl.url}/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name) and label in line)
+    return sum(float(line.rsplit(" ", 1)[1]) for line in controller_lines(ctl, name)
+               if label in line)
 
 
 KV_HELD = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
