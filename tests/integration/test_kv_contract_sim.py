@@ -30,6 +30,9 @@ from tests.integration.harness import LONG_PROMPT, ControllerProc, Load, start_c
 pytestmark = pytest.mark.slow
 
 HANDLE_LINE = re.compile(r"decode hop for KV handle (\S+) of engine (\S+)")
+# What an engine reports while it still holds KV, shown when KV use does not return to idle.
+KV_HELD = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
+           "vllm:nixl_num_kv_expired_reqs_total")
 
 
 def engine_metric(url: str, name: str) -> float:
@@ -45,10 +48,6 @@ def instances(ctl: ControllerProc, role: str) -> list[dict[str, object]]:
 def controller_metric(ctl: ControllerProc, name: str, label: str = "") -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in controller_lines(ctl, name)
                if label in line)
-
-
-KV_HELD = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
-           "vllm:nixl_num_kv_expired_reqs_total")
 
 
 def controller_lines(ctl: ControllerProc, name: str) -> list[str]:
