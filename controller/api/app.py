@@ -31,10 +31,11 @@ from controller.config import Settings
 from controller.errors import InvalidChange, PdctlError
 from controller.fleet import build_fleet
 from controller.kv_integrity import LeaseWatch
-from controller.launchers.base import Launcher
+from controller.launchers.base import EngineKind, Launcher
 from controller.launchers.external import ExternalLauncher
-from controller.launchers.sim import SimLauncher
-from controller.launchers.vllm import VllmLauncher
+from controller.launchers.process import ProcessLauncher
+from controller.launchers.sim import SimEngine
+from controller.launchers.vllm import VllmEngine
 from controller.metrics import Metrics
 from controller.models import Role
 from controller.requests_log import RequestLog
@@ -63,12 +64,17 @@ def ensure_token(state_dir: Path) -> str:
 
 
 def make_launcher(settings: Settings) -> Launcher:
-    if settings.backend == "sim":
-        return SimLauncher(settings)
+    """The engine kind (``backend``) run where ``launcher`` says."""
     if settings.backend == "external":
         return ExternalLauncher({Role.PREFILL: settings.pools.prefill.urls,
                                  Role.DECODE: settings.pools.decode.urls})
-    return VllmLauncher(settings)
+    engine: EngineKind = (SimEngine(settings) if settings.backend == "sim"
+                          else VllmEngine(settings))
+    if settings.launcher == "ray":
+        from controller.launchers.ray import RayLauncher  # noqa: PLC0415 - imports Ray
+
+        return RayLauncher(settings, engine)
+    return ProcessLauncher(engine)
 
 
 def build_state(settings: Settings, launcher: Launcher | None = None) -> AppState:
@@ -93,8 +99,9 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     st: AppState = app.state.pdctl
     st.store.record("controller", "controller.start", "controller", None,
-                    {"backend": st.settings.backend, "model": st.settings.model.name})
-    for event in st.fleet.registry.close_previous_run():
+                    {"backend": st.settings.backend, "launcher": st.settings.launcher,
+                     "model": st.settings.model.name})
+    for event in await st.fleet.recover():
         log.warning("%s: %s", event["target"], event["detail"])
     sd_file = prometheus.targets_path(st.settings.controller.state_dir)
     tasks = [asyncio.create_task(st.fleet.run()),

@@ -181,7 +181,8 @@ async def instance_log(instance_id: str, st: State,
     inst = st.fleet.registry.get(instance_id)
     if inst is None:
         raise NotFound(f"no instance {instance_id!r}")
-    return InstanceLogPublic(id=inst.id, log=st.fleet.launcher.log_tail(inst.handle, lines))
+    return InstanceLogPublic(id=inst.id, log=(await st.fleet.launcher.log_tail(inst.handle, lines)
+                                  if inst.handle is not None else ""))
 
 
 @router.post("/instances/{instance_id}/drain", response_model=InstancePublic)

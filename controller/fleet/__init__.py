@@ -10,7 +10,7 @@ from collections.abc import Callable
 import httpx
 
 from controller.config import Settings
-from controller.fleet.desired import Desired
+from controller.fleet.desired import Desired, capacity_of
 from controller.fleet.loop import Fleet
 from controller.fleet.observer import Observer
 from controller.fleet.registry import Registry
@@ -29,7 +29,8 @@ def build_fleet(settings: Settings, store: Store, launcher: Launcher,
     registry = Registry(store, clock, table.set_members)
     observer = Observer(launcher, client or httpx.AsyncClient(timeout=httpx.Timeout(5.0)),
                         settings.controller.health_timeout_s)
-    fleet = Fleet(settings, registry, Desired(settings, store, launcher.managed), observer,
+    fleet = Fleet(settings, registry, Desired(settings, store, launcher.managed,
+                                          lambda: capacity_of(settings, launcher)), observer,
                   launcher, table, clock)
     table.on_unreachable = fleet.unreachable
     return fleet, table

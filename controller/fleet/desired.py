@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from controller import profiles, validation
 from controller.config import Settings
 from controller.errors import InvalidChange
+from controller.launchers.base import Launcher
 from controller.models import Role
 from controller.reconciler import PoolTarget
 from controller.store import Store
@@ -18,14 +21,27 @@ def targets_json(targets: dict[Role, PoolTarget]) -> dict[str, dict[str, int]]:
     return {r.value: target_json(t) for r, t in targets.items()}
 
 
+FleetCapacity = tuple[int, int, int]  # accelerators per node, nodes, instances per accelerator
+
+
+def capacity_of(settings: Settings, launcher: Launcher) -> FleetCapacity:
+    """The launcher's capacity (a Ray cluster's, read live) or the configured hardware's."""
+    hw = settings.hardware
+    known = launcher.capacity()
+    return (*known, 1) if known is not None else (hw.per_node, hw.nodes, hw.share)
+
+
 class Desired:
     """What the operator asked for. Starts from the store when the pools are managed and what
     is stored is still valid on this hardware, else from the config (recorded)."""
 
-    def __init__(self, settings: Settings, store: Store, managed: bool) -> None:
+    def __init__(self, settings: Settings, store: Store, managed: bool,
+                 capacity: Callable[[], FleetCapacity] | None = None) -> None:
         self.settings = settings
         self.store = store
         self.managed = managed
+        hw = settings.hardware
+        self.capacity = capacity or (lambda: (hw.per_node, hw.nodes, hw.share))
         self.model: profiles.ModelProfile = settings.model_profile
         self.hw: profiles.HardwareProfile = settings.hardware.profile
         self.targets = self._initial()
@@ -53,16 +69,16 @@ class Desired:
         return targets
 
     def _check_all(self, targets: dict[Role, PoolTarget]) -> None:
-        hw = self.settings.hardware
-        validation.check_targets(targets, model=self.model, hw=self.hw, per_node=hw.per_node,
-                                 nodes=hw.nodes, share=hw.share)
+        per_node, nodes, share = self.capacity()
+        validation.check_targets(targets, model=self.model, hw=self.hw, per_node=per_node,
+                                 nodes=nodes, share=share)
 
     def check(self, role: Role, size: int | None, tp: int | None) -> dict[Role, PoolTarget]:
         """The targets after the change; raises InvalidChange, changes nothing."""
-        hw = self.settings.hardware
+        per_node, nodes, share = self.capacity()
         return validation.check_change(
-            self.targets, role, size, tp, model=self.model, hw=self.hw, per_node=hw.per_node,
-            nodes=hw.nodes, managed=self.managed, share=hw.share)
+            self.targets, role, size, tp, model=self.model, hw=self.hw, per_node=per_node,
+            nodes=nodes, managed=self.managed, share=share)
 
     def set(self, role: Role, size: int | None, tp: int | None, actor: str) -> PoolTarget:
         new = self.check(role, size, tp)

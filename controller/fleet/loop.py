@@ -17,11 +17,11 @@ from typing import Any
 from controller import placement
 from controller.config import Settings
 from controller.errors import InvalidChange, LaunchError, NotFound
-from controller.fleet.desired import Desired, target_json
+from controller.fleet.desired import Desired, FleetCapacity, capacity_of, target_json
 from controller.fleet.guard import StartGuard
-from controller.fleet.observer import Observer, Probe, count_failures, exit_reason, launched
+from controller.fleet.observer import Observer, Probe, count_failures, launched
 from controller.fleet.registry import Registry
-from controller.launchers.base import Launcher, LaunchSpec
+from controller.launchers.base import Launched, Launcher, LaunchSpec
 from controller.models import Instance, InstanceState, Role
 from controller.reconciler import (
     Action,
@@ -54,6 +54,7 @@ class Fleet:
         self.guard = StartGuard(cs.crash_window_s, cs.quarantine_after)
         self._last_health: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._launching: dict[str, asyncio.Task[None]] = {}  # instance id -> its start
         self._wake = asyncio.Event()
 
     # ---- the operator's changes ------------------------------------------------------------
@@ -95,6 +96,62 @@ class Fleet:
         self._last_health.pop(inst.id, None)
         self._wake.set()
 
+    # ---- a controller start -----------------------------------------------------------
+
+    async def recover(self) -> list[dict[str, Any]]:
+        """What the previous controller run left: engines the launcher finds still running
+        (Ray's named actors) are adopted when they belong to this state, answer their health
+        check and are still wanted (their pool's TP, within its size); the others are
+        stopped. Every other instance it left is recorded as failed. The events, in order."""
+        records = self.registry.previous_run()
+        left = {str(r.get("id")): r for r in records}
+        found = await self.launcher.reattach()
+        taken = dict.fromkeys(Role, 0)
+        notes: dict[str, str] = {}
+        events = []
+        for iid in sorted(found):
+            handle, rec = found[iid], left.get(iid)
+            inst, why = await self._adoptable(iid, handle, rec, taken)
+            if inst is not None:
+                taken[inst.role] += 1
+                self.registry.adopt(inst, "found running at controller start, healthy and "
+                                    f"wanted{f' (node {inst.node})' if inst.node else ''}")
+                continue
+            await self.launcher.stop(handle)
+            if rec is not None:
+                notes[iid] = f"its engine was still running ({why}) and has been stopped"
+            else:
+                events.append(self.registry.store.record(
+                    "controller", "instance.stopped", iid, None, "stopped",
+                    f"found running at controller start ({why}); stopped"))
+        return events + self.registry.close_previous_run(records, notes)
+
+    async def _adoptable(self, iid: str, handle: Launched, rec: dict[str, Any] | None,
+                         taken: dict[Role, int]) -> tuple[Instance | None, str]:
+        if rec is None:
+            return None, "no instance of that id in this controller's state"
+        ended = self.launcher.exit_reason(handle)
+        if ended is not None:
+            return None, f"its engine had ended: {ended}"
+        try:
+            role, tp = Role(rec["role"]), int(rec["tp"])
+        except (KeyError, TypeError, ValueError):
+            return None, "its record has no role and TP"
+        target = self.desired.targets[role]
+        if tp != target.tp or taken[role] >= target.size:
+            return None, f"not wanted: the {role.value} pool is {target.size} at TP {target.tp}"
+        per_node, nodes, share = self.capacity()
+        slots = placement.allocate(set(self.registry.used_slots()), per_node, nodes, tp, share)
+        if slots is None:
+            return None, "no room left for it in the pools' capacity"
+        inst = Instance(iid, role, tp, handle.url, state=InstanceState.READY,
+                        created_at=self.clock(), slots=slots, handle=handle, node=handle.node,
+                        accelerators=tuple(placement.physical(s, per_node, share)
+                                           for s in slots))
+        if (await self.observer.probe([inst]))[0] is not Probe.OK:
+            return None, "it did not answer its health check"
+        return inst, ""
+
     # ---- the loop ----------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -108,10 +165,10 @@ class Fleet:
                 await asyncio.wait_for(self._wake.wait(), self.settings.controller.tick_s)
 
     async def tick(self) -> None:
-        for iid, code in self.observer.exits(self.registry.live()).items():
+        for iid, why in (await self.observer.exits(self.registry.live())).items():
             inst = self.registry.get(iid)
-            if inst is not None:
-                self._fail(inst, exit_reason(code))
+            if inst is not None and not inst.state.terminal:
+                self._fail(inst, why)
         await self._check_health()
         for iid in self.registry.purge():
             self._last_health.pop(iid, None)
@@ -130,7 +187,8 @@ class Fleet:
                 f"no new {inst.role.value} instance for {wait:g} s")
             log.warning("%s pool quarantined for %g s after %d crashes (last: %s)",
                         inst.role.value, wait, q.crashes, why)
-        if self.launcher.exit_code(launched(inst)) is None:
+        if inst.handle is None or self.launcher.stop_after_exit \
+                or self.launcher.exit_code(launched(inst)) is None:
             self._spawn(self._stop(inst, why, final_state=None))
 
     async def _check_health(self) -> None:
@@ -168,13 +226,16 @@ class Fleet:
         elif failed and self.registry.unhealthy(inst) >= self.settings.controller.unhealthy_after:
             self._fail(inst, f"{inst.health_failures} failed health checks")
 
+    def capacity(self) -> FleetCapacity:
+        """``(accelerators per node, nodes, instances per accelerator)``."""
+        return capacity_of(self.settings, self.launcher)
+
     def _plan_input(self, targets: dict[Role, PoolTarget]) -> PlanInput:
-        hw = self.settings.hardware
         observed = tuple(
             Observed(i.id, i.role, i.tp, i.state, self.table.inflight(i.id), i.created_at,
                      i.drain_started_at)
             for i in self.registry.live())
-        capacity = Capacity(hw.per_node, hw.nodes, hw.share, self.registry.used_slots())
+        capacity = Capacity(*self.capacity(), self.registry.used_slots())
         return PlanInput(targets, observed, capacity, self.clock(),
                          self.settings.controller.drain_timeout_s,
                          dict(self.guard.backoff_until))
@@ -198,27 +259,42 @@ class Fleet:
         return f"{role.value}-{seq}"
 
     async def _start(self, action: Start) -> None:
-        hw = self.settings.hardware
-        accel = tuple(placement.physical(s, hw.per_node, hw.share) for s in action.slots)
+        """Register the instance (it holds its slots from now on), then launch it in the
+        background: a Ray placement may take a while, and the loop must not wait on it."""
+        per_node, _, share = self.capacity()
+        accel = tuple(placement.physical(s, per_node, share) for s in action.slots)
         iid = self._next_id(action.role)
-        log_path = self.settings.controller.state_dir / "logs" / f"{iid}.log"
-        try:
-            handle = await self.launcher.start(
-                LaunchSpec(iid, action.role, action.tp, accel, log_path))
-        except LaunchError as exc:
-            self.registry.store.record("reconciler", "instance.launch_failed", iid, None, None,
-                                       str(exc))
-            self.guard.launch_failed(action.role, self.clock())
-            return
-        inst = Instance(iid, action.role, action.tp, handle.url, created_at=self.clock(),
-                        accelerators=accel, slots=action.slots, handle=handle)
+        log_path = (self.settings.controller.state_dir / "logs" / f"{iid}.log").resolve()
+        inst = Instance(iid, action.role, action.tp, "", created_at=self.clock(),
+                        accelerators=accel, slots=action.slots)
         self.registry.add(inst, action.reason)
+        task = asyncio.get_running_loop().create_task(
+            self._launch(inst, LaunchSpec(iid, action.role, action.tp, accel, log_path)))
+        self._launching[iid] = task
+        task.add_done_callback(lambda _: self._launching.pop(iid, None))
+        await asyncio.sleep(0)  # a local launch completes here, within this tick
+
+    async def _launch(self, inst: Instance, spec: LaunchSpec) -> None:
+        try:
+            handle = await self.launcher.start(spec)
+        except (LaunchError, OSError) as exc:
+            if not inst.state.terminal and not self.registry.stopping(inst):
+                self.registry.fail(inst, f"launch failed: {exc}")
+                self.guard.launch_failed(inst.role, self.clock())
+            return
+        self.registry.launched(inst, handle)
+        self._wake.set()
 
     async def _stop(self, inst: Instance, why: str, final_state: InstanceState | None
                     ) -> None:
         self.registry.begin_stop(inst)
         try:
-            await self.launcher.stop(launched(inst))
+            pending = self._launching.get(inst.id)
+            if pending is not None:  # still being placed: a cancelled start leaves nothing
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
+            if inst.handle is not None:
+                await self.launcher.stop(launched(inst))
         finally:
             self.registry.end_stop(inst, final_state, why)
 

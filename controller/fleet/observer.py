@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -70,14 +69,6 @@ class Probe(enum.Enum):
     TIMEOUT = "timeout"
 
 
-def exit_reason(code: int) -> str:
-    """``process exited with status -4 (SIGILL)``: a signal's name where there is one."""
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"process exited with status {code} ({signal.Signals(-code).name})"
-    return f"process exited with status {code}"
-
-
 @dataclass(frozen=True)
 class SweepVerdict:
     failed: tuple[bool, ...]  # per probe: counts as a failed health check
@@ -121,19 +112,23 @@ class Observer:
         self.client = client
         self.health_timeout_s = health_timeout_s
 
-    def exits(self, instances: Iterable[Instance]) -> dict[str, int]:
-        """Exit statuses of the instances whose processes have ended."""
+    async def exits(self, instances: Iterable[Instance]) -> dict[str, str]:
+        """Why each launched instance whose engine has ended is gone."""
+        mine = [i for i in instances if i.handle is not None]
+        await self.launcher.refresh([launched(i) for i in mine])
         out = {}
-        for inst in instances:
-            code = self.launcher.exit_code(launched(inst))
-            if code is not None:
-                out[inst.id] = code
+        for inst in mine:
+            why = self.launcher.exit_reason(launched(inst))
+            if why is not None:
+                out[inst.id] = why
         return out
 
     async def probe(self, instances: Sequence[Instance]) -> list[Probe]:
         return list(await asyncio.gather(*(self._probe(i) for i in instances)))
 
     async def _probe(self, inst: Instance) -> Probe:
+        if not inst.url:  # still being placed: nothing to ask yet
+            return Probe.DOWN
         try:
             r = await self.client.get(f"{inst.url}/health", timeout=self.health_timeout_s)
         except httpx.TimeoutException:

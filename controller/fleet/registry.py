@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from controller.fleet.observer import Load
+from controller.launchers.base import Launched
 from controller.launchers.process import stop_leftover
 from controller.models import Instance, InstanceState, Role
 from controller.store import Store
@@ -74,10 +75,31 @@ class Registry:
     # ---- lifecycle ---------------------------------------------------------------------
 
     def add(self, inst: Instance, reason: str, actor: str = "reconciler") -> None:
+        """A new instance, before its launcher has started it (it holds its slots)."""
         self._instances[inst.id] = inst
         self.store.record(actor, "instance.starting", inst.id, None,
-                          {"role": inst.role.value, "tp": inst.tp, "url": inst.url,
+                          {"role": inst.role.value, "tp": inst.tp,
                            "accelerators": list(inst.accelerators)}, reason)
+        self._remember_live()
+
+    def launched(self, inst: Instance, handle: Launched) -> None:
+        """Its launcher started it: where it serves, and on which node."""
+        inst.handle, inst.url, inst.node = handle, handle.url, handle.node
+        where = f" on node {handle.node}" if handle.node else ""
+        self.store.record("reconciler", "instance.launched", inst.id, None,
+                          {"url": handle.url, "node": handle.node, "pid": inst.pid},
+                          f"serving at {handle.url}{where} once ready")
+        self._remember_live()
+
+    def adopt(self, inst: Instance, detail: str) -> None:
+        """An engine a previous controller run left running, taken over as ready."""
+        inst.ready_at = self.clock()
+        self._instances[inst.id] = inst
+        self.store.record("controller", "instance.adopted", inst.id, None,
+                          {"role": inst.role.value, "tp": inst.tp, "url": inst.url,
+                           "node": inst.node}, detail)
+        log.info("%s adopted (%s)", inst.id, detail)
+        self._refresh(inst.role)
         self._remember_live()
 
     def transition(self, inst: Instance, state: InstanceState, actor: str, detail: str
@@ -96,27 +118,39 @@ class Registry:
         """Persist the instances not yet stopped or failed, so that a controller that ends
         without stopping them (SIGKILL, a crash) has them accounted for at its next start."""
         self.store.put(LIVE_KEY, [
-            {"id": i.id, "role": i.role.value, "state": i.state.value, "url": i.url,
-             "pid": i.pid} for i in self._instances.values() if not i.state.terminal])
+            {"id": i.id, "role": i.role.value, "tp": i.tp, "state": i.state.value,
+             "url": i.url, "pid": i.pid, "node": i.node}
+            for i in self._instances.values() if not i.state.terminal])
 
-    def close_previous_run(self) -> list[dict[str, Any]]:
-        """Record as failed every instance the previous controller run left live (it ended
-        without stopping them): each gets its ``instance.failed`` event, and an engine still
-        running on its pid and port is stopped. The events, in order."""
+    def previous_run(self) -> list[dict[str, Any]]:
+        """The instances the previous controller run left live (it ended without stopping
+        them): ``id``, ``role``, ``state``, ``url``, ``pid``."""
         left = self.store.get(LIVE_KEY) or []
+        return [r for r in left if isinstance(r, dict)] if isinstance(left, list) else []
+
+    def close_previous_run(self, left: list[dict[str, Any]] | None = None,
+                           notes: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        """Record as failed every instance the previous controller run left live (``left``:
+        what ``previous_run`` said before any was adopted; default: it now), except those
+        adopted since: each gets its ``instance.failed`` event, and an engine still running
+        on its pid and port is stopped; ``notes`` says what became of an instance whose
+        engine the launcher found. The events, in order."""
         events = []
-        for rec in left if isinstance(left, list) else []:
+        for rec in self.previous_run() if left is None else left:
+            if rec.get("id") in self._instances:
+                continue
             pid, port = rec.get("pid"), urlsplit(str(rec.get("url", ""))).port
             found = stop_leftover(pid, port) if isinstance(pid, int) and port else "none"
             how = {"none": "it had no local process",
                    "gone": f"its process (pid {pid}) was gone",
                    "stopped": f"its process (pid {pid}) was still running and has been stopped",
                    "not ours": f"pid {pid} now belongs to another process"}[found]
+            how = (notes or {}).get(str(rec.get("id")), how)
             events.append(self.store.record(
                 "controller", "instance.failed", str(rec.get("id")), rec.get("state"), "failed",
                 f"found at controller start: the previous controller run ended without "
                 f"stopping it; {how}"))
-        self.store.put(LIVE_KEY, [])
+        self._remember_live()
         return events
 
     def mark_ready(self, inst: Instance) -> None:

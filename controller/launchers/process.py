@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
-from controller.launchers.base import Launched, Launcher
+from controller.launchers.base import EngineKind, Launched, Launcher, LaunchSpec
 
 PR_SET_PDEATHSIG = 1
 
@@ -28,6 +28,20 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(host: str, n: int) -> list[int]:
+    """``n`` distinct TCP ports free now on ``host`` (held open together while chosen)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _child_setup(nice: int) -> None:
@@ -66,6 +80,18 @@ async def stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
         proc.wait(timeout=5)
 
 
+def stop_group_sync(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """``stop_group`` for code that has no event loop."""
+    _signal_group(proc, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(proc, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
 def stop_leftover(pid: int, port: int) -> str:
     """A previous controller run's engine, found by pid: ``gone``, or ``stopped`` (SIGKILL to
     its process group) when pid is still an engine listening on ``port`` by its command line
@@ -94,10 +120,21 @@ def tail(path: Path, lines: int) -> str:
 
 
 class ProcessLauncher(Launcher):
-    """Base for launchers that run engines as local processes."""
+    """Engines of one kind as local processes of the controller, on 127.0.0.1."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine: EngineKind) -> None:
+        self.engine = engine
+        self.name = engine.name
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    async def start(self, spec: LaunchSpec) -> Launched:
+        port, side = free_ports("127.0.0.1", 2)
+        cmd = self.engine.command(spec, "127.0.0.1", port, side)
+        proc = spawn(cmd.argv, spec.log_path, cmd.env, nice=cmd.nice)
+        self._track(proc)
+        return Launched(url=f"http://127.0.0.1:{port}",
+                        handle={"proc": proc, "log": spec.log_path, "pid": proc.pid,
+                                "side_channel_port": side})
 
     def _track(self, proc: subprocess.Popen[bytes]) -> None:
         self._procs[proc.pid] = proc
@@ -111,7 +148,7 @@ class ProcessLauncher(Launcher):
         proc: subprocess.Popen[bytes] = launched.handle["proc"]
         return proc.poll()
 
-    def log_tail(self, launched: Launched, lines: int = 100) -> str:
+    async def log_tail(self, launched: Launched, lines: int = 100) -> str:
         return tail(launched.handle["log"], lines)
 
     async def close(self) -> None:

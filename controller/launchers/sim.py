@@ -1,26 +1,26 @@
-"""Simulated engines (``pdctl engine-sim``) as local processes on free ports."""
+"""Simulated engines (``pdctl engine-sim``): the command line of one."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 from controller.config import Settings
-from controller.launchers.base import Launched, LaunchSpec
-from controller.launchers.process import ProcessLauncher, free_port, spawn
+from controller.launchers.base import Command, EngineKind, LaunchSpec
+from controller.launchers.process import ProcessLauncher
 
 
-class SimLauncher(ProcessLauncher):
+class SimEngine(EngineKind):
     name = "sim"
 
     def __init__(self, settings: Settings) -> None:
-        super().__init__()
         self._s = settings
 
-    def argv(self, spec: LaunchSpec, port: int) -> list[str]:
+    def argv(self, spec: LaunchSpec, port: int, host: str = "127.0.0.1") -> list[str]:
         s = self._s
         args = [
             sys.executable, "-m", "controller.engines.sim",
-            "--host", "127.0.0.1", "--port", str(port),
+            "--host", host, "--port", str(port),
             "--role", spec.role.value,
             "--hardware", s.hardware.accelerator,
             "--model", s.model.name,
@@ -38,9 +38,13 @@ class SimLauncher(ProcessLauncher):
             args += [f"--{key.replace('_', '-')}", str(value)]
         return args
 
-    async def start(self, spec: LaunchSpec) -> Launched:
-        port = free_port()
-        proc = spawn(self.argv(spec, port), spec.log_path)
-        self._track(proc)
-        return Launched(url=f"http://127.0.0.1:{port}", handle={"proc": proc, "log": spec.log_path,
-                                                               "pid": proc.pid})
+    def command(self, spec: LaunchSpec, host: str, port: int, side_port: int,
+                devices: Sequence[str] | None = None) -> Command:
+        return Command(self.argv(spec, port, host))
+
+
+class SimLauncher(ProcessLauncher):
+    """Simulated engines as local processes on free ports."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(SimEngine(settings))

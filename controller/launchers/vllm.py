@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from controller.config import Settings
 from controller.cpu_features import CPU_NIXL_EXTRA
 from controller.errors import ConfigError
-from controller.launchers.base import Launched, LaunchSpec
-from controller.launchers.process import ProcessLauncher, free_port, spawn
+from controller.launchers.base import Command, EngineKind, LaunchSpec
+from controller.launchers.process import ProcessLauncher
 from controller.models import Role
 
 KV_ROLE = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
@@ -57,24 +58,25 @@ def engine_flags(engine_args: dict[str, Any]) -> list[str]:
     return out
 
 
-class VllmLauncher(ProcessLauncher):
+class VllmEngine(EngineKind):
+    """vLLM's OpenAI server with NixlConnector, for one instance."""
+
     name = "vllm"
 
     def __init__(self, settings: Settings) -> None:
-        super().__init__()
         if settings.model.path is None:
             raise ConfigError("backend vllm needs model.path (a model directory; "
                               "`pdctl make-model DIR` writes the lab model)")
         self._s = settings
 
-    def argv(self, spec: LaunchSpec, port: int) -> list[str]:
+    def argv(self, spec: LaunchSpec, port: int, host: str = "127.0.0.1") -> list[str]:
         s, v = self._s, self._s.vllm
         args = [
             # vLLM's OpenAI server, after one log line naming its CPU attention kernel.
             v.python or sys.executable, str(ENTRY),
             "--model", str(Path(s.model.path or ".").resolve()),
             "--served-model-name", s.model.public_name,
-            "--host", "127.0.0.1", "--port", str(port),
+            "--host", host, "--port", str(port),
             "--tensor-parallel-size", str(spec.tp),
             "--block-size", str(s.kv_block_size),
             "--enable-per-request-metrics",
@@ -92,10 +94,14 @@ class VllmLauncher(ProcessLauncher):
         pool = getattr(s.pools, spec.role.value)
         return args + engine_flags(pool.engine_args)
 
-    def env(self, spec: LaunchSpec, side_port: int) -> dict[str, str]:
+    def env(self, spec: LaunchSpec, side_port: int, host: str = "127.0.0.1",
+            devices: Sequence[str] | None = None) -> dict[str, str]:
+        """``host``: the address peers reach this engine's NIXL side channel on (never vLLM's
+        own guess, which can be another interface); ``devices``: the GPUs Ray assigned, else
+        the placed ``spec.accelerators``."""
         s = self._s
         env = {
-            "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": host,
             "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port),
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
@@ -103,19 +109,30 @@ class VllmLauncher(ProcessLauncher):
             "DO_NOT_TRACK": "1",
             "PYTHONUNBUFFERED": "1",
         }
-        devices = [str(a) for a in spec.accelerators]
+        placed = [str(a) for a in spec.accelerators]
         if s.hardware.is_cpu:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(devices)
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(placed)
             env["VLLM_CPU_KVCACHE_SPACE"] = str(s.vllm.cpu_kv_cache_gib)
         else:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(placed if devices is None else devices)
         return {**env, **s.vllm.extra_env}
 
-    async def start(self, spec: LaunchSpec) -> Launched:
-        port, side = free_port(), free_port()
-        proc = spawn(self.argv(spec, port), spec.log_path, self.env(spec, side),
-                     nice=self._s.engine_nice)
-        self._track(proc)
-        return Launched(url=f"http://127.0.0.1:{port}",
-                        handle={"proc": proc, "log": spec.log_path, "pid": proc.pid,
-                                "side_channel_port": side})
+    def command(self, spec: LaunchSpec, host: str, port: int, side_port: int,
+                devices: Sequence[str] | None = None) -> Command:
+        return Command(self.argv(spec, port, host), self.env(spec, side_port, host, devices),
+                       self._s.engine_nice)
+
+
+class VllmLauncher(ProcessLauncher):
+    """vLLM engines as local processes."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(VllmEngine(settings))
+
+    def argv(self, spec: LaunchSpec, port: int) -> list[str]:
+        assert isinstance(self.engine, VllmEngine)
+        return self.engine.argv(spec, port)
+
+    def env(self, spec: LaunchSpec, side_port: int) -> dict[str, str]:
+        assert isinstance(self.engine, VllmEngine)
+        return self.engine.env(spec, side_port)

@@ -162,8 +162,8 @@ async def test_drain_then_stop_when_idle(env: Env
     await fleet.shutdown()
     assert "decode-2" in launcher.stopped
     ev = [e for e in store.events(100) if e["target"] == "decode-2"]
-    assert [e["kind"] for e in reversed(ev)][:3] == ["instance.starting", "instance.ready",
-                                                      "instance.draining"]
+    assert [e["kind"] for e in reversed(ev)][:4] == [
+        "instance.starting", "instance.launched", "instance.ready", "instance.draining"]
 
 
 async def test_pick_avoids_an_instance_just_reported_unreachable(

@@ -1,0 +1,123 @@
+"""A real local Ray cluster (``ray.cluster_utils.Cluster``: a head and worker raylets on this
+machine, each worker offering ``accel`` units that stand for GPUs) and controllers on it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.integration.harness import ControllerProc, start_controller
+
+ACCEL = "accel"
+PER_NODE = 4
+
+
+class RayCluster:
+    """The cluster, and this test process as a Ray driver in the namespace under test."""
+
+    def __init__(self, workers: int, per_node: int = PER_NODE) -> None:
+        from ray.cluster_utils import Cluster
+
+        # The head offers no accelerators: engines land on the workers only.
+        self.cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "include_dashboard": False})
+        self.per_node = per_node
+        self.workers = [self.add_node() for _ in range(workers)]
+        self.cluster.wait_for_nodes()
+        self.address = self.cluster.address
+
+    def add_node(self) -> Any:
+        return self.cluster.add_node(num_cpus=8, resources={ACCEL: self.per_node})
+
+    def connect(self, namespace: str) -> None:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        ray.init(address=self.address, namespace=namespace, log_to_driver=False,
+                 logging_level="WARNING")
+
+    def shutdown(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        self.cluster.shutdown()
+
+
+def actors(namespace: str) -> list[str]:
+    """Live named actors of ``namespace`` (this process connected there)."""
+    import ray
+
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a["namespace"] == namespace)
+
+
+def placement_groups() -> list[str]:
+    """Names of the cluster's placement groups not removed."""
+    from ray.util import placement_group_table
+
+    return sorted(str(p.get("name")) for p in placement_group_table().values()
+                  if p.get("state") != "REMOVED")
+
+
+def engine_processes() -> list[str]:
+    """Simulated engine processes running on this machine (in this namespace: ours)."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        cmd = p.info["cmdline"] or []
+        if "controller.engines.sim" in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(" ".join(cmd))
+    return out
+
+
+def ray_config(address: str, namespace: str, **extra: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "launcher": "ray",
+        "model": {"name": "llama-3-8b"},
+        "pools": {"prefill": {"size": 1, "tp": 1}, "decode": {"size": 1, "tp": 1}},
+        "ray": {"address": address, "namespace": namespace, "accelerator_resource": ACCEL,
+                "placement_timeout_s": 30},
+        "controller": {"start_timeout_s": 90},
+    }
+    for key, value in extra.items():
+        cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[RayCluster]:
+    c = RayCluster(workers=2)
+    try:
+        yield c
+    finally:
+        c.shutdown()
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest) -> str:
+    return f"t{os.getpid()}-{request.node.name[:40]}".replace("[", "-").replace("]", "")
+
+
+def start_ray_controller(tmp: Path, cluster: RayCluster, namespace: str,
+                         wait_ready: bool = True, **extra: Any) -> ControllerProc:
+    return start_controller(tmp, ray_config(cluster.address, namespace, **extra),
+                            wait_ready=wait_ready)
+
+
+def assert_nothing_left(namespace: str) -> None:
+    """No actor of ``namespace``, no placement group of its instances, no engine process."""
+    assert actors(namespace) == []
+    assert [g for g in placement_groups() if g.startswith(("prefill-", "decode-"))] == []
+    assert engine_processes() == []
+
+
+def ps_tree() -> str:
+    return subprocess.run(["ps", "-eo", "pid,pgid,stat,cmd"], capture_output=True,
+                          text=True).stdout
