@@ -152,14 +152,19 @@ def _natural(instance_id: str) -> tuple[str, int]:
 GRID_COLUMNS = 20
 
 
+LOCAL_NODE = "controller host"  # the node of an instance run as the controller's own process
+
+
 def instances_frame(instances: Iterable[InstancePublic]) -> pd.DataFrame:
-    """Every instance with role, state, TP and load, sorted by role then id; ``col``/``row``
+    """Every instance with role, state, TP, load and node (a Ray node's IP, or
+    ``LOCAL_NODE``), sorted by role then id; ``col``/``row``
     place it on a grid of ``GRID_COLUMNS`` cells per row within its role."""
     rows = [(i.id, i.role.value, i.state.value, i.tp, i.load.running, i.load.waiting,
-             i.load.inflight, i.load.kv_cache_usage, i.url, i.last_error or "")
+             i.load.inflight, i.load.kv_cache_usage, i.node or LOCAL_NODE, i.url,
+             i.last_error or "")
             for i in instances]
     cols = ["id", "role", "state", "tp", "running", "waiting", "inflight", "kv_cache_usage",
-            "url", "last_error"]
+            "node", "url", "last_error"]
     df = pd.DataFrame(rows, columns=cols)
     if df.empty:
         return df.assign(col=pd.Series(dtype="int64"), row=pd.Series(dtype="int64"))

@@ -147,10 +147,9 @@ class RayLauncher(Launcher):
         return view
 
     def capacity(self) -> tuple[int, int] | None:
-        per_node, nodes = self.cluster.capacity()
-        if self.accelerator == "CPU":  # share is already in the CPUs a node offers
-            per_node = max(1, per_node // self._s.hardware.share)
-        return per_node, nodes
+        """Where the accelerator resource is CPU, a node's CPUs already count any sharing
+        (a lab head offers cores x ``hardware.share``)."""
+        return self.cluster.capacity()
 
     def describe_free(self) -> str:
         import ray  # noqa: PLC0415

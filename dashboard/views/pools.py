@@ -77,6 +77,8 @@ COLUMNS = {
     "inflight": st.column_config.NumberColumn("in flight", format="%d"),
     "kv_cache_usage": st.column_config.ProgressColumn("KV cache", min_value=0.0, max_value=1.0,
                                                       format="percent"),
+    "node": st.column_config.TextColumn("node", help="the Ray node it runs on, or the "
+                                        "controller's host for local processes"),
     "url": st.column_config.TextColumn("url"),
     "last_error": st.column_config.TextColumn("last error"),
 }

@@ -233,3 +233,11 @@ def test_what_if_matches_the_domain_numbers() -> None:
     sweep = whatif.sweep("llama-3-8b", ["nvlink", "ib-ndr"], [1024, 2048])
     by = sweep.pivot(index="prompt_tokens", columns="link", values="transfer_ms")
     assert (by["nvlink"] < by["ib-ndr"]).all() and by["ib-ndr"].is_monotonic_increasing
+
+
+def test_instances_frame_names_each_instances_node() -> None:
+    instances = make_instances(1, 2)
+    instances[1].node = "10.0.0.7"  # a Ray node; the others are the controller's processes
+    df = frames.instances_frame(public(instances)).set_index("id")
+    assert df.loc["decode-2", "node"] == "10.0.0.7"
+    assert df.loc["prefill-1", "node"] == df.loc["decode-3", "node"] == frames.LOCAL_NODE

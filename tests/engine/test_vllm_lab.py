@@ -7,19 +7,18 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
 
+from tests.engine.checks import NO_EOS, disaggregated_equals_colocated, varied_prompts
 from tests.integration.harness import ControllerProc, Load, start_controller
 
 # A third engine on 2 cores starts while two NIXL progress threads busy-poll both cores:
@@ -30,7 +29,6 @@ START_S = 1800
 MODEL = "lab-tiny"
 LONG = "the model layer decode cache token batch " * 40  # ~300 tokens with the lab tokenizer
 SHORT = "hello there"
-NO_EOS = {"ignore_eos": True}  # random weights may emit EOS at any time
 
 
 @pytest.fixture(scope="module")
@@ -108,47 +106,9 @@ def test_sdk_completions_and_chat_stream_and_not(lab: ControllerProc, sdk: opena
             assert r["transfer_ms"] > 0 and r["prefill_ms"] > 0 and r["kv_bytes"] > 0
 
 
-def varied_prompts(n: int) -> list[str]:
-    """Distinct prompts of 150-400 lab tokens (over the 128-token threshold)."""
-    rng = random.Random(7)
-    words = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega model layer "
-             "decode cache token batch").split()
-    return [" ".join(f"{rng.choice(words)}{rng.randint(0, 99)}" for _ in range(60 + 12 * k))
-            for k in range(n)]
-
-
 def test_disaggregated_output_equals_colocated_under_concurrent_load(
         lab: ControllerProc, sdk: openai.OpenAI) -> None:
-    """Temperature 0, eight distinct prompts four at a time: every disaggregated answer is
-    the colocated answer token for token."""
-    prompts = varied_prompts(8)
-
-    def ask(job: tuple[str, str]) -> tuple[list[int], str]:
-        rid, prompt = job
-        out = sdk.completions.create(
-            model=MODEL, prompt=prompt, max_tokens=16, temperature=0,
-            extra_headers={"X-Request-Id": rid},
-            extra_body={**NO_EOS, "return_token_ids": True, "skip_special_tokens": False})
-        return list(out.choices[0].model_dump()["token_ids"]), rid
-
-    def run() -> list[tuple[list[int], str]]:
-        tag = os.urandom(4).hex()
-        with ThreadPoolExecutor(4) as pool:
-            return list(pool.map(ask, [(f"eq-{tag}-{k}", p) for k, p in enumerate(prompts)]))
-
-    disagg = run()
-    lab.api("PATCH", "/routing", {"disagg_min_prompt_tokens": 100_000}).raise_for_status()
-    try:
-        coloc = run()
-    finally:
-        lab.api("PATCH", "/routing", {"disagg_min_prompt_tokens": 128}).raise_for_status()
-    records = {r["id"]: r for r in lab.get("/requests?limit=100")}
-    assert {records[rid]["path"] for _, rid in disagg} == {"disaggregated"}
-    assert {records[rid]["path"] for _, rid in coloc} == {"colocated"}
-    assert all(records[rid]["kv_bytes"] > 0 for _, rid in disagg)
-    mismatches = [k for k, (d, c) in enumerate(zip(disagg, coloc, strict=True)) if d[0] != c[0]]
-    assert mismatches == [], [(disagg[k][0], coloc[k][0]) for k in mismatches]
-    assert len({tuple(d[0]) for d in disagg}) > 1  # the prompts really differ in output
+    disaggregated_equals_colocated(lab, sdk, MODEL, threshold=128)
 
 
 def controller_metric(lab: ControllerProc, name: str, label: str = "") -> float:

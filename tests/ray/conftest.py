@@ -21,12 +21,12 @@ PER_NODE = 4
 class RayCluster:
     """The cluster, and this test process as a Ray driver in the namespace under test."""
 
-    def __init__(self, workers: int, per_node: int = PER_NODE) -> None:
+    def __init__(self, workers: int, per_node: int = PER_NODE, head_cpus: int = 1) -> None:
         from ray.cluster_utils import Cluster
 
         # The head offers no accelerators: engines land on the workers only.
         self.cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 1, "include_dashboard": False})
+            "num_cpus": head_cpus, "include_dashboard": False})
         self.per_node = per_node
         self.workers = [self.add_node() for _ in range(workers)]
         self.cluster.wait_for_nodes()
@@ -67,13 +67,36 @@ def placement_groups() -> list[str]:
                   if p.get("state") != "REMOVED")
 
 
-def engine_processes() -> list[str]:
-    """Simulated engine processes running on this machine (in this namespace: ours)."""
+def _netns(pid: int | str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return ""
+
+
+def engine_processes(marker: str = "controller.engines.sim") -> list[str]:
+    """Engine processes running in this test's network namespace (other namespaces' engines,
+    another run's, are not ours)."""
+    here = _netns("self")
     out = []
     for p in psutil.process_iter(["cmdline", "status"]):
         cmd = p.info["cmdline"] or []
-        if "controller.engines.sim" in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
+        if any(marker in c for c in cmd) and p.info["status"] != psutil.STATUS_ZOMBIE \
+                and _netns(p.pid) == here:
             out.append(" ".join(cmd))
+    return out
+
+
+def ray_processes() -> list[str]:
+    """Ray's own processes (GCS, raylets, workers) in this test's network namespace."""
+    here = _netns("self")
+    out = []
+    for p in psutil.process_iter(["name", "cmdline", "status"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if ("ray/core/src" in cmd or (p.info["name"] or "").startswith("ray::")
+                or " ray start" in cmd) and p.info["status"] != psutil.STATUS_ZOMBIE \
+                and _netns(p.pid) == here:
+            out.append(cmd or str(p.info["name"]))
     return out
 
 
