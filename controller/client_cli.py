@@ -102,13 +102,15 @@ def format_status(c: ClusterPublic) -> str:
         lines.append(f"{role:8} desired {d.size} x TP{d.tp}  ready {a.ready} "
                      f"starting {a.starting} draining {a.draining}  "
                      f"{'converged' if pool.converged else 'converging'}")
+    nodes = any(i.node for i in c.instances)  # engines on Ray: say where each runs
     lines.append(f"{'ID':14} {'ROLE':8} {'STATE':9} {'TP':>3} {'INFL':>5} {'RUN':>5} "
-                 f"{'WAIT':>5} {'KV%':>5}  URL")
+                 f"{'WAIT':>5} {'KV%':>5}  " + (f"{'NODE':15} " if nodes else "") + "URL")
     for i in c.instances:
         load = i.load
+        where = f"{i.node or '-':15} " if nodes else ""
         lines.append(f"{i.id:14} {i.role:8} {i.state:9} {i.tp:>3} "
                      f"{load.inflight:>5} {load.running:>5.0f} {load.waiting:>5.0f} "
-                     f"{100 * load.kv_cache_usage:>5.1f}  {i.url}")
+                     f"{100 * load.kv_cache_usage:>5.1f}  {where}{i.url}")
     r = c.routing
     lines.append(f"routing: disaggregate prompts >= {r.disagg_min_prompt_tokens} tokens; "
                  f"prefill {r.prefill_policy}, decode {r.decode_policy}")

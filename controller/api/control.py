@@ -120,6 +120,7 @@ def actor(request: Request) -> str:
 async def get_cluster(st: State) -> ClusterPublic:
     s, f = st.settings, st.fleet
     m = s.model_profile
+    per_node, nodes, _ = f.capacity()  # a Ray cluster's nodes, read live, or the config's
     return ClusterPublic.model_validate({
         "model": {"name": s.model.name, "served_name": s.model.public_name,
                   "params": m.params, "layers": m.layers, "heads": m.heads,
@@ -127,8 +128,8 @@ async def get_cluster(st: State) -> ClusterPublic:
                   "kv_bytes_per_token": m.kv_bytes_per_token},
         "backend": s.backend,
         "hardware": {"accelerator": s.hardware.accelerator,
-                     "accelerators_per_node": s.hardware.per_node, "nodes": s.hardware.nodes,
-                     "total_accelerators": s.hardware.total_accelerators,
+                     "accelerators_per_node": per_node, "nodes": nodes,
+                     "total_accelerators": per_node * nodes,
                      "used_accelerators": f.registry.used_accelerators(),
                      "kv_link": s.hardware.kv_link},
         "pools": {r: pool_view(st, r) for r in Role},

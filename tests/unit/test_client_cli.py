@@ -56,8 +56,19 @@ def test_status(pdctl: Pdctl, app_state: App) -> None:
     assert lines[4].split()[:4] == ["prefill-1", "prefill", "ready", "4"]
     assert lines[-1].startswith("routing: disaggregate prompts >= 512 tokens; prefill "
                                 "round_robin, decode least_loaded")
+    assert lines[3].split()[-1] == "URL" and "NODE" not in lines[3]  # local processes
     code, out, _ = pdctl("status", "--json")
     assert json.loads(out)["pools"]["decode"]["desired"] == {"size": 1, "tp": 2}
+
+
+def test_status_names_the_node_of_engines_on_ray(pdctl: Pdctl, app_state: App) -> None:
+    _, st = app_state
+    for inst in st.fleet.registry:
+        inst.node = "10.0.0.7"
+    _, out, _ = pdctl("status")
+    lines = out.splitlines()
+    assert lines[3].split()[-2:] == ["NODE", "URL"]
+    assert lines[4].split()[-2] == "10.0.0.7"
 
 
 def test_scale_dry_run_then_scale(pdctl: Pdctl, app_state: App) -> None:
