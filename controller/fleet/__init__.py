@@ -29,8 +29,9 @@ def build_fleet(settings: Settings, store: Store, launcher: Launcher,
     registry = Registry(store, clock, table.set_members)
     observer = Observer(launcher, client or httpx.AsyncClient(timeout=httpx.Timeout(5.0)),
                         settings.controller.health_timeout_s)
-    fleet = Fleet(settings, registry, Desired(settings, store, launcher.managed,
-                                          lambda: capacity_of(settings, launcher)), observer,
-                  launcher, table, clock)
+    live = launcher.capacity() is not None  # a Ray cluster's, read live
+    desired = Desired(settings, store, launcher.managed,
+                      (lambda: capacity_of(settings, launcher)) if live else None)
+    fleet = Fleet(settings, registry, desired, observer, launcher, table, clock)
     table.on_unreachable = fleet.unreachable
     return fleet, table

@@ -37,10 +37,14 @@ class Desired:
 
     def __init__(self, settings: Settings, store: Store, managed: bool,
                  capacity: Callable[[], FleetCapacity] | None = None) -> None:
+        """``capacity``: the launcher's live capacity (a Ray cluster's) where it has one; the
+        stored pools are then checked at start against the configured node size only, not
+        the node count: a cluster whose workers are still joining must not reset them."""
         self.settings = settings
         self.store = store
         self.managed = managed
         hw = settings.hardware
+        self.live_capacity = capacity is not None
         self.capacity = capacity or (lambda: (hw.per_node, hw.nodes, hw.share))
         self.model: profiles.ModelProfile = settings.model_profile
         self.hw: profiles.HardwareProfile = settings.hardware.profile
@@ -60,7 +64,7 @@ class Desired:
         try:
             targets = {Role(r): PoolTarget(int(v["size"]), int(v["tp"]))
                        for r, v in stored.items()}
-            self._check_all(targets)
+            self._check_all(targets, at_start=True)
         except (InvalidChange, KeyError, ValueError) as exc:
             self.store.record("controller", "desired.reset", "pools", stored,
                               targets_json(config), f"stored pools invalid here: {exc}")
@@ -68,8 +72,11 @@ class Desired:
             return config
         return targets
 
-    def _check_all(self, targets: dict[Role, PoolTarget]) -> None:
+    def _check_all(self, targets: dict[Role, PoolTarget], at_start: bool = False) -> None:
         per_node, nodes, share = self.capacity()
+        if at_start and self.live_capacity:
+            hw = self.settings.hardware
+            per_node, nodes, share = hw.per_node, 1_000_000, hw.share
         validation.check_targets(targets, model=self.model, hw=self.hw, per_node=per_node,
                                  nodes=nodes, share=share)
 

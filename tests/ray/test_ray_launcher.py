@@ -65,6 +65,8 @@ def test_engines_run_as_named_actors_in_strict_pack_groups_on_ray_nodes(
         assert actors(namespace) == sorted(i["id"] for i in insts)
         groups = {p["name"]: p for p in placement_group_table().values()
                   if p["state"] == "CREATED"}
+        sides = {describe(namespace, i["id"])["side_channel"] for i in insts}
+        assert len(sides) == len(insts)  # engines sharing a node: distinct side channels
         for inst in insts:
             pg = groups[inst["id"]]
             assert pg["strategy"] == "STRICT_PACK"

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from controller.config import load_settings
-from controller.errors import LaunchError
+from controller.errors import InvalidChange, LaunchError
 from controller.fleet import Fleet, build_fleet
 from controller.launchers.base import Launched, Launcher, LaunchSpec
 from controller.models import InstanceState, Role
@@ -155,3 +155,23 @@ async def test_recover_adopts_healthy_wanted_engines_and_stops_the_rest(
     await fleet.tick()
     assert len(list(fleet.registry)) == 3
     await fleet.shutdown()
+
+
+def test_stored_pools_survive_a_start_on_a_cluster_whose_workers_have_not_joined(
+        tmp_path: Path) -> None:
+    """Live capacity (a Ray cluster's) with no accelerator node yet: the stored pools are
+    kept (checked against the configured node size only), while a change is still checked
+    against what the cluster has now."""
+    class EmptyCluster(SlowLauncher):
+        def capacity(self) -> tuple[int, int] | None:
+            return (1, 0)
+
+    settings = load_settings(None, controller={"state_dir": tmp_path},
+                             model={"name": "llama-3-8b"})
+    store = Store(tmp_path / "state.db")
+    store.put("desired", {"prefill": {"size": 2, "tp": 2}, "decode": {"size": 4, "tp": 1}})
+    fleet, _ = build_fleet(settings, store, EmptyCluster(), httpx.AsyncClient())
+    assert fleet.targets[Role.DECODE].size == 4 and fleet.targets[Role.PREFILL].tp == 2
+    assert not [e for e in store.events(10) if e["kind"] == "desired.reset"]
+    with pytest.raises(InvalidChange):
+        fleet.set_pool(Role.DECODE, 5, None, "op")
