@@ -9,6 +9,8 @@ Scenarios (each ``python -m bench.<name>``, all of them with ``python -m bench``
                     simulator's prediction of the same workload
 - ``bench.scale``   a 16P + 48D simulated 70B/H100 fleet at 1,000 requests/s
 - ``bench.console`` how fast the console refreshes with 100k records and 120 instances
+- ``bench.ray_start`` 64 simulated instances started and stopped with the local and the Ray
+                    launcher, and Ray's own CPU and memory (in a private network namespace)
 
 Shared pieces: ``bench.fleet`` (processes: controller, engines, peers; also used by
 ``tests/integration/harness.py``), ``bench.loadgen`` (the load generator), ``bench.stats``

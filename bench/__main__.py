@@ -9,13 +9,16 @@ Runs, one after the other on an otherwise idle machine (each loads both cores):
                       simulator's prediction of the same workload
 3. ``bench.scale``    a 16P + 48D simulated 70B/H100 fleet at 1,000 requests/s
 4. ``bench.console``  the console with 100k synthetic records and 120 instances
+5. ``bench.ray_start`` 64 simulated instances started and stopped with the local and the Ray
+                      launcher, and Ray's own CPU and memory (in a private network namespace:
+                      root)
 
 Each part's whole output goes to ``bench-results/<part>.log`` and its result (the scenario's
 dataclass) to ``bench-results/<part>.json`` (git-ignored); its report, built from that result,
 goes into BENCHMARKS.md with the machine, the commit and the run's date. A part that fails is
 recorded as failed in BENCHMARKS.md and makes this command exit 1.
 
-    .venv/bin/python -m bench [--only router lab scale console] [--quick]
+    .venv/bin/python -m bench [--only router lab scale console ray] [--quick]
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from bench import console, lab, router, scale
+from bench import console, lab, ray_start, router, scale
 from bench.fleet import interrupt_on_signals
 from bench.report import ROOT, PartRun, benchmarks_md, write_json
 
@@ -63,6 +66,11 @@ def _console(quick: bool) -> tuple[Any, str, str | None]:
     return res, console.report(res), None
 
 
+def _ray(quick: bool) -> tuple[Any, str, str | None]:
+    res = ray_start.run_ray_start(ray_start.Options.defaults(quick))
+    return res, ray_start.report(res), ray_start.check(res)
+
+
 @dataclass(frozen=True)
 class Part:
     name: str
@@ -77,6 +85,7 @@ PARTS = (
     Part("lab", "bench.lab", lab.TITLE, lab.ABOUT, _lab),
     Part("scale", "bench.scale", scale.TITLE, scale.ABOUT, _scale),
     Part("console", "bench.console", console.TITLE, console.ABOUT, _console),
+    Part("ray", "bench.ray_start", ray_start.TITLE, ray_start.ABOUT, _ray),
 )
 
 

@@ -52,6 +52,20 @@ def write_json(path: Path, result: Any) -> None:
     path.write_text(json.dumps(jsonable(result), indent=1))
 
 
+def finish(text: str, result: Any, path: Path, why: str | None) -> int:
+    """The end of a part run alone (``python -m bench.<part>``): print its report, write its
+    JSON, and exit 1 with ``why`` when its check found a problem, else 0."""
+    import sys  # noqa: PLC0415
+
+    print("\n" + text)
+    write_json(path, result)
+    print(f"results: {path}")
+    if why:
+        print(f"ERROR: {why}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def machine() -> list[str]:
     cpu = "unknown CPU"
     with open("/proc/cpuinfo") as f:

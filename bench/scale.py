@@ -65,7 +65,7 @@ from bench.fleet import (
     start_controller,
 )
 from bench.loadgen import DROPPED, OpenLoop, body
-from bench.report import ROOT, fmt, write_json
+from bench.report import ROOT, finish, fmt
 from controller import profiles
 
 TITLE = "Scale: 16 prefill + 48 decode simulated 70B/H100 instances"
@@ -736,14 +736,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted; every process started here has been stopped", file=sys.stderr)
         return 130
-    print("\n" + report(res))
-    write_json(args.json, res)
-    print(f"results: {args.json}")
-    why = check(res)
-    if why:
-        print(f"ERROR: {why}", file=sys.stderr)
-        return 1
-    return 0
+    return finish(report(res), res, args.json, check(res))
 
 
 if __name__ == "__main__":

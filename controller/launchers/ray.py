@@ -187,8 +187,10 @@ class RayLauncher(Launcher):
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     pg, placement_group_bundle_index=0),
                 **actor_options(self._s, spec.tp)).remote(spec)
-            info = await asyncio.wait_for(actor.start.remote(self.engine, self.accelerator),
-                                          r.placement_timeout_s)
+            # No limit of its own here: many actors booting at once on few cores take long
+            # (Ray starts their workers a few at a time), and the controller's
+            # start_timeout_s covers the whole start; its cancel lands below.
+            info = await actor.start.remote(self.engine, self.accelerator)
         except BaseException as exc:
             self._discard(actor, pg)
             if isinstance(exc, (LaunchError, asyncio.CancelledError, KeyboardInterrupt)):

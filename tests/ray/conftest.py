@@ -12,6 +12,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.conftest import in_private_netns
 from tests.integration.harness import ControllerProc, start_controller
 
 ACCEL = "accel"
@@ -112,6 +113,16 @@ def ray_config(address: str, namespace: str, **extra: Any) -> dict[str, Any]:
     for key, value in extra.items():
         cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
     return cfg
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_network_namespace() -> None:
+    """Named on the command line (``pytest tests/ray``) they are collected anywhere: refuse
+    to run where Ray would bind the host's interface."""
+    if not in_private_netns():
+        pytest.fail("tests/ray must run in a private network namespace (as root: "
+                    "`make test-ray`, or unshare -n sh -c 'ip link set lo up && pytest "
+                    "tests/ray')", pytrace=False)
 
 
 @pytest.fixture(scope="module")
