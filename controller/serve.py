@@ -117,7 +117,11 @@ def raise_fd_limit() -> tuple[int, int]:
 def _serve(settings: Settings, after_start: Any = None) -> int:
     """Serve the controller until SIGINT/SIGTERM; the lifespan stops every instance."""
     raise_fd_limit()
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except ConfigError as exc:  # e.g. a Ray cluster that cannot be joined
+        print(f"pdctl: {exc}", file=sys.stderr)
+        return 2
     cs = settings.controller
     server = uvicorn.Server(server_config(app, cs))
 

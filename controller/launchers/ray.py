@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import re
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -99,6 +100,19 @@ def use_token_auth() -> None:
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
+def reachable(address: str, timeout_s: float = 10.0) -> None:
+    """ConfigError unless ``HOST:PORT`` accepts a TCP connection: ``ray.init`` retries an
+    address nobody listens on for many minutes with no word."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # "auto", a ray:// client address: Ray's own resolution and errors
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConfigError(f"cannot join the Ray cluster at {address!r} (ray.address): "
+                          f"nothing answers there ({exc})") from None
+
+
 class RayLauncher(Launcher):
     name = "ray"
     stop_after_exit = True
@@ -127,6 +141,8 @@ class RayLauncher(Launcher):
             self._head = LocalHead(self._s)
             self._head.wait_started()
             address = self._head.address
+        else:
+            reachable(address)
         try:
             ray.init(address=address, namespace=self.namespace, log_to_driver=False,
                      logging_level=logging.WARNING)

@@ -82,3 +82,22 @@ def test_the_launcher_and_engine_kind_are_separate_settings() -> None:
                       pools={"decode": {"urls": ["http://x"]}})
     with pytest.raises(ConfigError, match="ray.namespace"):
         load_settings(None, ray={"namespace": "a b"})
+
+
+def test_an_address_nobody_answers_is_refused_at_once_with_its_reason(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from controller import serve
+    from controller.launchers.process import free_port
+    from controller.launchers.ray import reachable
+
+    with pytest.raises(ConfigError, match="nothing answers there"):
+        reachable(f"127.0.0.1:{free_port()}")
+    reachable("auto")  # Ray resolves these itself
+    reachable("ray://head:10001")
+
+    def cannot_join(*_: object, **__: object) -> None:
+        raise ConfigError("cannot join the Ray cluster at '10.9.9.9:6379' (ray.address): x")
+
+    monkeypatch.setattr(serve, "create_app", cannot_join)
+    assert serve._serve(load_settings(None)) == 2  # a clear line, not a traceback
+    assert "pdctl: cannot join the Ray cluster" in capsys.readouterr().err
