@@ -71,9 +71,9 @@ def test_a_vllm_pair_on_ray_answers_disaggregated_token_for_token_as_colocated(
     assert all(i["node"] == "127.0.0.1" and i["pid"] is None for i in insts)
     assert actors(NAMESPACE) == sorted(i["id"] for i in insts)
     assert len(engine_processes("vllm_entry.py")) >= 2  # the engines, in the actors' groups
-    sdk = openai.OpenAI(base_url=f"{lab.url}/v1", api_key="unused", max_retries=0,
-                        timeout=300)
-    disaggregated_equals_colocated(lab, sdk, MODEL, threshold=128)
+    with openai.OpenAI(base_url=f"{lab.url}/v1", api_key="unused", max_retries=0,
+                       timeout=300) as sdk:  # closed: its pooled sockets must not leak
+        disaggregated_equals_colocated(lab, sdk, MODEL, threshold=128)
     transfers = {i["id"]: i["nixl"]["transfers"] for i in lab.get("/instances")}
     assert sum(transfers.values()) > 0  # NIXL moved the KV between the two actors' engines
 
