@@ -2,15 +2,56 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import openai
+import pytest
 
 from tests.integration.harness import ControllerProc
 
 NO_EOS = {"ignore_eos": True}  # random weights may emit EOS at any time
+MODEL = "lab-tiny"
+# A third engine on 2 cores starts while two NIXL progress threads busy-poll both cores:
+# seen taking 3-11 minutes here, so the limits are generous (the suite's CI budget is 90 min).
+START_S = 1800
+
+
+def lab_model(tmp: Path) -> Path:
+    """The lab model written to ``tmp/model`` (``pdctl make-model``); fails the test where
+    vLLM is missing."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.fail("vLLM is not installed: `make test` installs the lab extra (.[lab])")
+    model = tmp / "model"
+    out = subprocess.run([sys.executable, "-m", "controller.cli", "make-model", str(model)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return model
+
+
+def lab_config(model: Path, **extra: Any) -> dict[str, Any]:
+    """The CPU lab: one prefill and one decode TP1 instance of the lab model on this machine's
+    two cores (shared when more instances run), KV over NIXL in host memory."""
+    cfg: dict[str, Any] = {
+        "backend": "vllm",
+        "model": {"name": MODEL, "path": str(model)},
+        "hardware": {"accelerator": "cpu-lab", "accelerators_per_node": 2, "nodes": 1,
+                     "kv_link": "host-memory", "share": 2},
+        "pools": {"prefill": {"size": 1, "tp": 1}, "decode": {"size": 1, "tp": 1}},
+        "routing": {"disagg_min_prompt_tokens": 128},
+        "vllm": {"enforce_eager": True},
+        "controller": {"start_timeout_s": START_S, "health_interval_s": 2.0,
+                       "unhealthy_after": 10},
+    }
+    for key, value in extra.items():
+        cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
+    return cfg
 
 
 def varied_prompts(n: int) -> list[str]:

@@ -4,13 +4,10 @@ to start on this machine kind, and the 2 cores are shared by everything."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -18,39 +15,28 @@ import httpx
 import openai
 import pytest
 
-from tests.engine.checks import NO_EOS, disaggregated_equals_colocated, varied_prompts
+from tests.engine.checks import (
+    MODEL,
+    NO_EOS,
+    START_S,
+    disaggregated_equals_colocated,
+    lab_config,
+    lab_model,
+    varied_prompts,
+)
 from tests.integration.harness import ControllerProc, Load, start_controller
 
-# A third engine on 2 cores starts while two NIXL progress threads busy-poll both cores:
-# seen taking 3-11 minutes here, so the limits are generous (the suite's CI budget is 90 min).
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(2400)]
-START_S = 1800
 
-MODEL = "lab-tiny"
 LONG = "the model layer decode cache token batch " * 40  # ~300 tokens with the lab tokenizer
 SHORT = "hello there"
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerProc]:
-    if importlib.util.find_spec("vllm") is None:
-        pytest.fail("vLLM is not installed: `make test` installs the lab extra (.[lab])")
     tmp = tmp_path_factory.mktemp("vllm-lab")
-    model = tmp / "model"
-    out = subprocess.run([sys.executable, "-m", "controller.cli", "make-model", str(model)],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    ctl = start_controller(tmp, {
-        "backend": "vllm",
-        "model": {"name": MODEL, "path": str(model)},
-        "hardware": {"accelerator": "cpu-lab", "accelerators_per_node": 2, "nodes": 1,
-                     "kv_link": "host-memory", "share": 2},
-        "pools": {"prefill": {"size": 1, "tp": 1}, "decode": {"size": 1, "tp": 1}},
-        "routing": {"disagg_min_prompt_tokens": 128},
-        "vllm": {"enforce_eager": True},
-        "controller": {"start_timeout_s": START_S, "health_interval_s": 2.0, "unhealthy_after": 10,
-                       "drain_timeout_s": 300},
-    }, wait_ready=False)
+    ctl = start_controller(tmp, lab_config(lab_model(tmp), controller={"drain_timeout_s": 300}),
+                           wait_ready=False)
     try:
         t0 = time.monotonic()
         ctl.wait_converged(timeout=START_S)

@@ -3,6 +3,7 @@ machine, each worker offering ``accel`` units that stand for GPUs) and controlle
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from collections.abc import Iterator
@@ -139,10 +140,19 @@ def namespace(request: pytest.FixtureRequest) -> str:
     return f"t{os.getpid()}-{request.node.name[:40]}".replace("[", "-").replace("]", "")
 
 
-def start_ray_controller(tmp: Path, cluster: RayCluster, namespace: str,
-                         wait_ready: bool = True, **extra: Any) -> ControllerProc:
-    return start_controller(tmp, ray_config(cluster.address, namespace, **extra),
-                            wait_ready=wait_ready)
+@contextlib.contextmanager
+def ray_controller(tmp: Path, cluster: RayCluster, namespace: str, wait_ready: bool = True,
+                   **extra: Any) -> Iterator[ControllerProc]:
+    """A ``pdctl controller`` on ``cluster`` in ``namespace`` (this process a driver there
+    too), stopped at the end; then nothing of it may be left (``assert_nothing_left``)."""
+    cluster.connect(namespace)
+    ctl = start_controller(tmp, ray_config(cluster.address, namespace, **extra),
+                           wait_ready=wait_ready)
+    try:
+        yield ctl
+    finally:
+        ctl.stop()
+    assert_nothing_left(namespace)
 
 
 def assert_nothing_left(namespace: str) -> None:

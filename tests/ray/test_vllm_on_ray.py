@@ -4,52 +4,38 @@ local lab (tests/engine/test_vllm_lab.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
 import openai
 import pytest
 
-from tests.engine.checks import disaggregated_equals_colocated
+from tests.engine.checks import (
+    MODEL,
+    START_S,
+    disaggregated_equals_colocated,
+    lab_config,
+    lab_model,
+)
 from tests.integration.harness import ControllerProc, start_controller
 from tests.ray.conftest import RayCluster, actors, assert_nothing_left, engine_processes
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(2400)]
-START_S = 1800
-MODEL = "lab-tiny"
 NAMESPACE = "vllm-on-ray"
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerProc]:
-    if importlib.util.find_spec("vllm") is None:
-        pytest.fail("vLLM is not installed: `make test` installs the lab extra (.[lab])")
     tmp = tmp_path_factory.mktemp("vllm-on-ray")
-    model = tmp / "model"
-    out = subprocess.run([sys.executable, "-m", "controller.cli", "make-model", str(model)],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
+    model = lab_model(tmp)
     # One node, the head: this machine's cores, each offered twice (hardware.share), as Ray
     # CPUs; the accelerator resource of a CPU host is CPU.
     cluster = RayCluster(workers=0, head_cpus=2 * (os.cpu_count() or 1))
     cluster.connect(NAMESPACE)
-    ctl = start_controller(tmp, {
-        "backend": "vllm",
-        "launcher": "ray",
-        "ray": {"address": cluster.address, "namespace": NAMESPACE, "placement_timeout_s": 60},
-        "model": {"name": MODEL, "path": str(model)},
-        "hardware": {"accelerator": "cpu-lab", "accelerators_per_node": 2, "nodes": 1,
-                     "kv_link": "host-memory", "share": 2},
-        "pools": {"prefill": {"size": 1, "tp": 1}, "decode": {"size": 1, "tp": 1}},
-        "routing": {"disagg_min_prompt_tokens": 128},
-        "vllm": {"enforce_eager": True},
-        "controller": {"start_timeout_s": START_S, "health_interval_s": 2.0,
-                       "unhealthy_after": 10},
-    }, wait_ready=False)
+    ctl = start_controller(tmp, lab_config(model, launcher="ray", ray={
+        "address": cluster.address, "namespace": NAMESPACE, "placement_timeout_s": 60}),
+        wait_ready=False)
     try:
         t0 = time.monotonic()
         ctl.wait_converged(timeout=START_S)
