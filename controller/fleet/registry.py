@@ -141,7 +141,8 @@ class Registry:
                 continue
             pid, port = rec.get("pid"), urlsplit(str(rec.get("url", ""))).port
             found = stop_leftover(pid, port) if isinstance(pid, int) and port else "none"
-            how = {"none": "it had no local process",
+            how = {"none": ("its Ray actor was gone" if rec.get("node")
+                            else "it had no local process"),
                    "gone": f"its process (pid {pid}) was gone",
                    "stopped": f"its process (pid {pid}) was still running and has been stopped",
                    "not ours": f"pid {pid} now belongs to another process"}[found]

@@ -132,7 +132,8 @@ async def test_recover_adopts_healthy_wanted_engines_and_stops_the_rest(
         {"id": "decode-3", "role": "decode", "tp": 1, "state": "ready"},
         {"id": "decode-4", "role": "decode", "tp": 1, "state": "ready"},
         {"id": "decode-5", "role": "decode", "tp": 4, "state": "ready"},
-        {"id": "decode-6", "role": "decode", "tp": 1, "state": "starting"},
+        {"id": "decode-6", "role": "decode", "tp": 1, "state": "ready", "node": "10.0.0.9"},
+        {"id": "decode-7", "role": "decode", "tp": 1, "state": "starting"},
     ])
     launcher.found = {i: Launched(f"http://{i}", i, node="10.0.0.9") for i in (
         "prefill-1", "decode-2", "decode-3", "decode-4", "decode-5", "decode-9")}
@@ -149,7 +150,8 @@ async def test_recover_adopts_healthy_wanted_engines_and_stops_the_rest(
     assert "not wanted: the decode pool is 2 at TP 1" in by["decode-5"]["detail"]
     assert by["decode-9"]["kind"] == "instance.stopped"  # not this state's instance
     assert "no instance of that id" in by["decode-9"]["detail"]
-    assert "no local process" in by["decode-6"]["detail"]  # nothing found for it
+    assert "its Ray actor was gone" in by["decode-6"]["detail"]  # nothing found for it
+    assert "no local process" in by["decode-7"]["detail"]  # not launched before the crash
     assert [e["kind"] for e in store.events(50)].count("instance.adopted") == 3
     # Adopted instances hold their slots: the pools are full, nothing more starts.
     await fleet.tick()
