@@ -38,9 +38,13 @@ class RayCluster:
         return self.cluster.add_node(num_cpus=8, resources={ACCEL: self.per_node})
 
     def connect(self, namespace: str) -> None:
+        """This process as a driver in ``namespace`` (kept when it is one there already: a
+        new driver would end what the old one owns, e.g. its placement groups)."""
         import ray
 
         if ray.is_initialized():
+            if ray.get_runtime_context().namespace == namespace:
+                return
             ray.shutdown()
         ray.init(address=self.address, namespace=namespace, log_to_driver=False,
                  logging_level="WARNING")
