@@ -8,6 +8,8 @@ runs processes takes the engine kind's ``Command`` and runs it wherever it place
 from __future__ import annotations
 
 import abc
+import contextlib
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,11 +106,7 @@ class Launcher(abc.ABC):
 
 def exit_reason(code: int) -> str:
     """``process exited with status -4 (SIGILL)``: a signal's name where there is one."""
-    import signal  # noqa: PLC0415
-
     if code < 0:
-        try:
+        with contextlib.suppress(ValueError):
             return f"process exited with status {code} ({signal.Signals(-code).name})"
-        except ValueError:
-            pass
     return f"process exited with status {code}"

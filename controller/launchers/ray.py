@@ -163,8 +163,9 @@ class RayLauncher(Launcher):
         return view
 
     def capacity(self) -> tuple[int, int] | None:
-        """Where the accelerator resource is CPU, a node's CPUs already count any sharing
-        (a lab head offers cores x ``hardware.share``)."""
+        """The cluster's, read live. Where the accelerator resource is CPU, a node's CPUs
+        already count any sharing (a lab head offers cores x ``hardware.share``), so the
+        fleet takes one instance per unit (``desired.capacity_of``)."""
         return self.cluster.capacity()
 
     def describe_free(self) -> str:
