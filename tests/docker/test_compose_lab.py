@@ -33,8 +33,10 @@ from tests.docker.engine import (
     ROOT,
     Compose,
     docker_engine,
+    drop_replaced,
     ensure_base_image,
     fill_build_inputs,
+    image_id,
     image_size_mb,
     run,
 )
@@ -69,6 +71,8 @@ def compose(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Compose]:
             **ports, "BASE_IMAGE": BASE_IMAGE, "PROMETHEUS_IMAGE": PROMETHEUS_IMAGE,
             **({"TORCH_INDEX_URL": ""} if torch_wheel else {})})
         c("down", "-v", "--remove-orphans", check=False)  # a run cut off before
+        images = ("pdctl:cpu", "pdctl:console", PROMETHEUS_IMAGE)
+        before = {name: image_id(name) for name in images}
         t0 = time.monotonic()
         run([DOCKER, "build", "-q", "-f", str(DOCKER_DIR / "Dockerfile.prometheus"),
              "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "-t", PROMETHEUS_IMAGE, str(DOCKER_DIR)],
@@ -77,8 +81,8 @@ def compose(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Compose]:
         c("build", "controller", "console", timeout=2400)
         record(prometheus_build_s=round(t1 - t0, 1),
                build_s=round(time.monotonic() - t1, 1),
-               image_mb={name: round(image_size_mb(name)) for name in
-                         ("pdctl:cpu", "pdctl:console", PROMETHEUS_IMAGE)})
+               image_mb={name: round(image_size_mb(name)) for name in images},
+               replaced_images_removed=len(drop_replaced(before)))
         try:
             yield c
         finally:
