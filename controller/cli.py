@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from controller import client_cli, console_launch, make_model, serve
+from controller import client_cli, console_launch, make_model, profile_cli, serve
 
 EPILOG = """\
 examples:
@@ -16,6 +16,8 @@ examples:
   pdctl scale decode 3 --wait              resize the decode pool and wait until it converges
   pdctl tp decode 4                        rolling TP change of the decode pool
   pdctl route disagg_min_prompt_tokens=1024 decode_policy=round_robin
+  pdctl profile --backend sim --model llama-3-70b --hardware h100-sxm --tp 4
+                                           measure an engine for the SLA planner
 """
 
 
@@ -28,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_controller_parser(sub)
     serve.add_engine_sim_parser(sub)
     make_model.add_parser(sub)
+    profile_cli.add_parser(sub)
     console_launch.add_dashboard_parser(sub)
     client_cli.add_parsers(sub)
     return p

@@ -208,6 +208,52 @@ class RaySettings(Strict):
 
 
 
+PlannerMode = Literal["off", "advisory", "apply"]
+
+
+class PlannerSettings(Strict):
+    """The SLA planner (docs/planner.md): pool sizes from TTFT and ITL targets. ``mode``,
+    the targets, ``interval_s`` and ``predictor`` are the initial values; the API and the
+    console change them live (kept in the state directory)."""
+
+    mode: PlannerMode = Field("off", description=(
+        "off; advisory: recommends (API, console, pdctl_planner_recommended_instances); "
+        "apply: changes the pools itself (audit actor ``planner``)"))
+    interval_s: float = Field(180.0, ge=1, le=86_400, description=(
+        "adjustment interval: one observation, prediction and decision each"))
+    predictor: Literal["constant", "holt"] = Field("constant", description=(
+        "next-interval load: the last interval's (constant) or its trend (holt)"))
+    ttft_ms: float = Field(2000.0, gt=0, le=3_600_000, description="target TTFT p95")
+    itl_ms: float = Field(60.0, gt=0, le=60_000, description="target inter-token gap p95")
+    min_requests: int = Field(10, ge=1, description=(
+        "finished requests an interval needs before the planner decides on it"))
+    cooldown_s: float | None = Field(None, ge=0, description=(
+        "no pool shrinks within this after a change; default: two intervals"))
+    scale_down_utilization: float = Field(0.7, gt=0, lt=1, description=(
+        "a pool shrinks only if the survivors would run at most at this share of their "
+        "profiled capacity at the predicted load"))
+    min_prefill: int = Field(1, ge=0)
+    max_prefill: int | None = Field(None, ge=0, description="default: what the capacity allows")
+    min_decode: int = Field(1, ge=1)
+    max_decode: int | None = Field(None, ge=1, description="default: what the capacity allows")
+    accelerator_budget: int | None = Field(None, ge=1, description=(
+        "accelerators the two pools may use together; default: the cluster's"))
+    profile_dir: Path | None = Field(None, description=(
+        "more performance profiles (pdctl profile --out DIR); they win over the shipped ones"))
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PlannerSettings:
+        for role in ("prefill", "decode"):
+            lo, hi = getattr(self, f"min_{role}"), getattr(self, f"max_{role}")
+            if hi is not None and hi < lo:
+                raise ValueError(f"max_{role} ({hi}) is below min_{role} ({lo})")
+        return self
+
+    @property
+    def cooldown(self) -> float:
+        return 2 * self.interval_s if self.cooldown_s is None else self.cooldown_s
+
+
 class ControllerSettings(Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -270,6 +316,7 @@ class Settings(BaseSettings):
     sim: SimSettings = Field(default_factory=SimSettings)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
     ray: RaySettings = Field(default_factory=RaySettings)
+    planner: PlannerSettings = Field(default_factory=PlannerSettings)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
 

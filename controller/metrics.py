@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from controller.models import InstanceState, RequestRecord, Role
@@ -23,6 +28,63 @@ ROUTING_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
 PARTS = ("queue", "prefill", "transfer", "decode_sched", "overhead")
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
                0.3, 0.5, 1.0, 2.5)
+
+
+# Inter-token gaps: 1 ms to about 10 s, each bucket 25 % wider than the one before, so that a
+# quantile read back from the counts is within one bucket (25 %) of the true one.
+GAP_BUCKETS = tuple(round(0.001 * 1.25**k, 6) for k in range(42))
+
+
+class GapHistogram(Collector):
+    """``pdctl_itl_gap_seconds``: every gap between the chunks of every streamed answer.
+
+    A request adds all its gaps at once when it ends (one numpy bincount, not an
+    ``observe`` per token), and the planner reads quantiles of an interval from the difference
+    of two ``snapshot``s."""
+
+    NAME = "pdctl_itl_gap_seconds"
+
+    def __init__(self, bounds: Sequence[float] = GAP_BUCKETS) -> None:
+        self.bounds = np.asarray(bounds, dtype=float)
+        self.counts = np.zeros(len(bounds) + 1, dtype=np.int64)
+        self.sum = 0.0
+
+    def observe_many(self, gaps: Sequence[float]) -> None:
+        if not gaps:
+            return
+        a = np.asarray(gaps, dtype=float)
+        self.counts += np.bincount(np.searchsorted(self.bounds, a, side="left"),
+                                   minlength=len(self.counts))
+        self.sum += float(a.sum())
+
+    def snapshot(self) -> np.ndarray:
+        return self.counts.copy()
+
+    def quantile(self, counts: np.ndarray, q: float) -> float | None:
+        """The ``q`` quantile (seconds) of the gaps counted in ``counts`` (a snapshot, or
+        the difference of two), interpolated within its bucket; None for no gaps."""
+        total = int(counts.sum())
+        if total == 0:
+            return None
+        cum = np.cumsum(counts)
+        rank = q * total
+        k = int(np.searchsorted(cum, rank, side="left"))
+        if k >= len(self.bounds):
+            return float(self.bounds[-1])
+        lo = float(self.bounds[k - 1]) if k > 0 else 0.0
+        below = int(cum[k - 1]) if k > 0 else 0
+        inside = int(counts[k])
+        frac = (rank - below) / inside if inside else 1.0
+        return lo + (float(self.bounds[k]) - lo) * frac
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        cum = np.cumsum(self.counts)
+        buckets = [(repr(float(b)), float(c)) for b, c in zip(self.bounds, cum, strict=False)]
+        buckets.append(("+Inf", float(cum[-1])))
+        yield HistogramMetricFamily(
+            self.NAME, "Gaps between the chunks of streamed answers as the router relayed "
+            "them: the inter-token latency clients feel, stalls included", buckets=buckets,
+            sum_value=self.sum)
 
 
 class FleetCollector(Collector):
@@ -133,6 +195,11 @@ class Metrics:
             "pdctl_admission_refused", "Client requests answered 429 by admission control "
             "(routing.max_inflight, routing.max_inflight_per_instance)", registry=r)
         self._parts = [(f"{name}_ms", self.component.labels(name)) for name in PARTS]
+        self.gaps = GapHistogram()
+        r.register(self.gaps)
+        self.planner_recommended = Gauge(
+            "pdctl_planner_recommended_instances", "The SLA planner's recommended pool size "
+            "(advisory and apply modes; absent when the planner is off)", ["role"], registry=r)
 
     def attach(self, fleet: Fleet) -> None:
         self.registry.register(FleetCollector(fleet))
@@ -141,10 +208,12 @@ class Metrics:
                          limits: Callable[[], tuple[int, int]]) -> None:
         self.registry.register(AdmissionCollector(inflight, limits))
 
-    def observe(self, rec: RequestRecord) -> None:
+    def observe(self, rec: RequestRecord, gaps: Sequence[float] | None = None) -> None:
         self.requests.labels(rec.path.value, rec.status).inc()
         if rec.status != "ok":
             return
+        if gaps:
+            self.gaps.observe_many(gaps)
         self.ttft.labels(rec.path.value).observe(rec.ttft_ms / 1e3)
         for attr, child in self._parts:
             child.observe(getattr(rec, attr) / 1e3)

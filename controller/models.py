@@ -105,6 +105,11 @@ class RequestRecord:
     # whether that engine reported the read as one of blocks it had already freed.
     kv_handle: str | None = None
     suspect: bool = False
+    # Inter-token gaps of a streamed answer as the router relayed it (0 for whole answers):
+    # the 99th percentile, the worst, and how many.
+    gap_p99_ms: float = 0.0
+    gap_max_ms: float = 0.0
+    gaps: int = 0
 
     def public(self) -> dict[str, Any]:
         return {
@@ -131,4 +136,6 @@ class RequestRecord:
             "error": self.error,
             "kv_handle": self.kv_handle,
             "suspect": self.suspect,
+            "gap_p99_ms": self.gap_p99_ms,
+            "gap_max_ms": self.gap_max_ms,
         }

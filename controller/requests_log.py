@@ -38,7 +38,7 @@ def _summaries(columns: np.ndarray) -> list[dict[str, float]]:
 
 STATUSES = ("ok", "error", "cancelled", "rejected")
 NUMERIC = ("started_at", "ttft_ms", *COMPONENTS, "prompt_tokens", "output_tokens", "itl_ms",
-           "kv_bytes")
+           "kv_bytes", "gap_p99_ms", "gap_max_ms", "gaps", "e2e_ms")
 _numeric_row = attrgetter(*NUMERIC)
 COL = {name: k for k, name in enumerate(NUMERIC)}
 
@@ -140,13 +140,24 @@ class RequestLog:
     def columns(self, window_s: float, now: float | None = None) -> Columns:
         """The same window as ``window``, as columns, in completion order. Like ``window`` it
         stops at the first record older than the window, counting back from the newest."""
-        n = len(self._records)
-        order = np.arange(self.total - n, self.total) % self._maxlen
-        started = self._values[order, COL["started_at"]]
         cutoff = (time.time() if now is None else now) - window_s
-        older = np.flatnonzero(started < cutoff)
-        rows = order[older[-1] + 1:] if older.size else order
-        return Columns(self._values[rows], self._status[rows], self._disagg[rows])
+        return _tail(self, lambda v: v[:, COL["started_at"]] >= cutoff)
+
+    def finished(self, window_s: float, now: float | None = None) -> Columns:
+        """Records that finished within the last ``window_s`` seconds (the log's order), as
+        columns: a window's throughput, which a window by start time understates while its
+        requests are still running."""
+        cutoff = (time.time() if now is None else now) - window_s
+        return _tail(self, lambda v: v[:, COL["started_at"]] + v[:, COL["e2e_ms"]] / 1e3
+                     >= cutoff)
+
+
+def _tail(log: RequestLog, keep: Any) -> Columns:
+    n = len(log._records)
+    order = np.arange(log.total - n, log.total) % log._maxlen
+    older = np.flatnonzero(~keep(log._values[order]))
+    rows = order[older[-1] + 1:] if older.size else order
+    return Columns(log._values[rows], log._status[rows], log._disagg[rows])
 
 
 def _kv(c: Columns, seconds: float) -> dict[str, float]:
@@ -173,6 +184,7 @@ def stats(records: Columns | list[RequestRecord], window_s: float, alert_share: 
     if counts[-1]:
         by_status["other"] = int(counts[-1])
     itl = ok.col("itl_ms")
+    streamed = ok.col("gaps") > 0
     return {
         "window_s": window_s,
         "requests": len(c),
@@ -182,6 +194,8 @@ def stats(records: Columns | list[RequestRecord], window_s: float, alert_share: 
         "ttft_ms": summary["ttft_ms"],
         "components_ms": {f.removesuffix("_ms"): summary[f] for f in COMPONENTS},
         "itl_ms": percentiles(itl[itl > 0]),
+        "gap_p99_ms": percentiles(ok.col("gap_p99_ms")[streamed]),
+        "gap_max_ms": percentiles(ok.col("gap_max_ms")[streamed]),
         "prompt_tokens": summary["prompt_tokens"],
         "output_tokens": summary["output_tokens"],
         "kv": _kv(c, window_s),
@@ -213,6 +227,8 @@ def timeseries(records: Columns | list[RequestRecord], window_s: float, step_s: 
 def _bucket(t: float, step_s: float, c: Columns) -> dict[str, Any]:
     ok = c.select(c.ok)
     ttft = percentiles(ok.col("ttft_ms"))
+    streamed = ok.col("gaps") > 0
+    gap_p99 = ok.col("gap_p99_ms")[streamed]
     n_disagg = int(ok.disagg.sum())
     kv = _kv(c, step_s)
     return {
@@ -224,6 +240,8 @@ def _bucket(t: float, step_s: float, c: Columns) -> dict[str, Any]:
         "disaggregated": n_disagg,
         "colocated": len(ok) - n_disagg,
         "ttft_ms": {q: ttft[q] for q in ("p50", "p90", "p99", "mean")},
+        "gap_p99_ms": percentiles(gap_p99)["p99"] if gap_p99.size else None,
+        "itl_ms": float(ok.col("itl_ms").mean()) if len(ok) else None,
         "parts_mean_ms": {f.removesuffix("_ms"): float(ok.col(f).mean()) if len(ok) else 0.0
                           for f in COMPONENTS},
         "kv_bytes": kv["bytes"],

@@ -29,6 +29,8 @@ PAGES = [
             url_path="controls"),
     st.Page(HERE / "views" / "advisor.py", title="Advisor", icon=":material/lightbulb:",
             url_path="advisor"),
+    st.Page(HERE / "views" / "planner.py", title="Planner", icon=":material/auto_graph:",
+            url_path="planner"),
     st.Page(HERE / "views" / "events.py", title="Events", icon=":material/history:",
             url_path="events"),
 ]

@@ -22,6 +22,8 @@ from pdctl_api.schema import (
     InstanceLogPublic,
     InstancePublic,
     InstanceState,
+    PlannerPublic,
+    PlannerUpdate,
     PoolPlanPublic,
     PoolPublic,
     RequestPublic,
@@ -184,6 +186,15 @@ class PdctlClient:
 
     def advisor(self, window_s: float = 600.0) -> AdvisorPublic:
         return self._call(_adapter(AdvisorPublic), "GET", "/advisor", {"window_s": window_s})
+
+    def planner(self, history: int = 60) -> PlannerPublic:
+        return self._call(_adapter(PlannerPublic), "GET", "/planner", {"history": history})
+
+    def set_planner(self, change: PlannerUpdate | Mapping[str, Any]) -> PlannerPublic:
+        """Change the planner's mode, targets, interval or predictor."""
+        body = (change.model_dump(mode="json", exclude_unset=True)
+                if isinstance(change, PlannerUpdate) else dict(change))
+        return self._call(_adapter(PlannerPublic), "PATCH", "/planner", body=body)
 
     def events(self, limit: int = 100, kind: str | None = None, since_id: int = 0
                ) -> list[EventPublic]:

@@ -243,6 +243,9 @@ class RequestPublic(Public):
     error: str | None = None
     kv_handle: str | None = None
     suspect: bool = False
+    gap_p99_ms: float = Field(0.0, description="streamed answers: the 99th percentile of the "
+                              "gaps between the chunks the router relayed (0: not streamed)")
+    gap_max_ms: float = Field(0.0, description="streamed answers: the worst gap")
 
 
 class Percentiles(Public):
@@ -328,7 +331,12 @@ class StatsPublic(Public):
     disaggregated_share: float
     ttft_ms: Percentiles
     components_ms: Components
-    itl_ms: Percentiles
+    itl_ms: Percentiles = Field(description="each request's mean inter-token latency, as its "
+                                "engine reports it (hides stalls: see gap_*)")
+    gap_p99_ms: Percentiles | None = Field(None, description=(
+        "streamed requests: each one's 99th-percentile inter-token gap, summarised"))
+    gap_max_ms: Percentiles | None = Field(None, description=(
+        "streamed requests: each one's worst inter-token gap, summarised"))
     prompt_tokens: Percentiles
     output_tokens: Percentiles
     kv: KvWindowPublic
@@ -365,6 +373,9 @@ class BucketPublic(Public):
     disaggregated: int
     colocated: int
     ttft_ms: TtftBucket
+    gap_p99_ms: float | None = Field(None, description=(
+        "the 99th percentile of the streamed requests' own p99 inter-token gaps; None: none"))
+    itl_ms: float | None = Field(None, description="mean of the requests' mean ITL")
     parts_mean_ms: PartsMean
     kv_bytes: float
     kv_bytes_per_s: float
@@ -440,6 +451,74 @@ class EventPublic(Public):
     detail: str | None = None
 
 
+# ---- the SLA planner -----------------------------------------------------------------------
+
+PlannerMode = Literal["off", "advisory", "apply"]
+PredictorName = Literal["constant", "holt"]
+
+
+class PlanLoad(Public):
+    """A load in modelled time: requests/s and mean tokens per request."""
+
+    request_rate: float
+    prompt_tokens: float
+    output_tokens: float
+
+
+class PlanObserved(Public):
+    """One interval as the planner saw it (modelled ms: wall ms / sim.time_scale)."""
+
+    requests: int
+    load: PlanLoad
+    ttft_p95_ms: float
+    itl_p95_ms: float | None = Field(None, description="inter-token gap p95 (streamed)")
+    itl_mean_ms: float | None = None
+    prefill_ms_mean: float | None = None
+    prefill_queue_p95_ms: float
+    decode_queue_p95_ms: float
+    decode_concurrency: float
+    disagg_token_share: float
+
+
+class PlanPublic(Public):
+    """One pass of the planner: what it saw, predicted and recommended, and why."""
+
+    at: float
+    mode: PlannerMode
+    current: dict[Role, int]
+    recommended: dict[Role, int]
+    reasons: list[str]
+    hold: str | None = Field(None, description="why the recommendation was not applied now")
+    observed: PlanObserved | None = None
+    predicted: PlanLoad | None = None
+    applied: bool = False
+    error: str | None = None
+
+
+class PlannerBounds(Public):
+    min_prefill: int
+    max_prefill: int
+    min_decode: int
+    max_decode: int
+    accelerator_budget: int | None = None
+
+
+class PlannerPublic(Public):
+    """``GET /api/v1/planner``: settings, the profiles it plans with, its decisions."""
+
+    mode: PlannerMode
+    predictor: PredictorName
+    interval_s: float
+    ttft_ms: float = Field(description="target TTFT p95 (modelled ms)")
+    itl_ms: float = Field(description="target inter-token gap p95 (modelled ms)")
+    time_scale: float = Field(1.0, description="sim.time_scale: wall s per modelled s")
+    bounds: PlannerBounds
+    profiles: dict[Role, str | None]
+    problem: str | None = Field(None, description="why the planner cannot run now")
+    next_at: float | None = None
+    history: list[PlanPublic] = Field(default_factory=list, description="oldest first")
+
+
 class HealthPublic(Public):
     """``GET /healthz`` (no token): ready instances per pool."""
 
@@ -494,6 +573,18 @@ class RoutingUpdate(_Update):
 
 
 ROUTING_FIELDS = tuple(RoutingUpdate.model_fields)
+
+
+class PlannerUpdate(_Update):
+    """``PATCH /api/v1/planner`` body."""
+
+    mode: PlannerMode | SkipJsonSchema[None] = None
+    ttft_ms: float | SkipJsonSchema[None] = Field(None, gt=0, le=3_600_000,
+                                                  allow_inf_nan=False)
+    itl_ms: float | SkipJsonSchema[None] = Field(None, gt=0, le=60_000, allow_inf_nan=False)
+    interval_s: float | SkipJsonSchema[None] = Field(None, ge=1, le=86_400,
+                                                     allow_inf_nan=False)
+    predictor: PredictorName | SkipJsonSchema[None] = None
 
 
 class ErrorPublic(BaseModel):

@@ -38,6 +38,7 @@ from controller.launchers.sim import SimEngine
 from controller.launchers.vllm import VllmEngine
 from controller.metrics import Metrics
 from controller.models import Role
+from controller.planner.service import Planner
 from controller.requests_log import RequestLog
 from controller.router.h1 import H1Upstream
 from controller.router.proxy import Proxy
@@ -91,8 +92,11 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
                   make_counter(settings.model.path, settings.backend), requests, metrics)
     metrics.attach_admission(lambda: proxy.inflight, lambda: (
         table.settings.max_inflight, table.settings.max_inflight_per_instance))
+    writes = asyncio.Lock()
+    planner = Planner(settings, fleet, requests, metrics, store, writes)
     return AppState(settings, store, fleet, table, proxy, requests, metrics, upstream,
-                    ensure_token(state_dir), LeaseWatch(requests, metrics, store))
+                    ensure_token(state_dir), LeaseWatch(requests, metrics, store), planner,
+                    writes)
 
 
 @contextlib.asynccontextmanager
@@ -107,7 +111,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     tasks = [asyncio.create_task(st.fleet.run()),
              asyncio.create_task(st.fleet.run_load_poller(st.lease_watch.check)),
              asyncio.create_task(prometheus.keep_targets(st.fleet.registry, sd_file,
-                                                         st.settings.controller.tick_s))]
+                                                         st.settings.controller.tick_s)),
+             asyncio.create_task(st.planner.run())]
     try:
         yield
     finally:

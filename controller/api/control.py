@@ -35,6 +35,8 @@ from pdctl_api.schema import (
     InstanceLogPublic,
     InstancePublic,
     PlannedAction,
+    PlannerPublic,
+    PlannerUpdate,
     PoolPlanPublic,
     PoolPublic,
     PoolSize,
@@ -283,3 +285,28 @@ async def list_events(st: State, limit: Annotated[int, Query(ge=1, le=10_000)] =
                             kind: Annotated[str | None, Query(max_length=64)] = None
                             ) -> list[EventPublic]:
     return [EventPublic.model_validate(e) for e in st.store.events(limit, since_id, kind)]
+
+
+def planner_view(st: AppState, history: int) -> PlannerPublic:
+    pl = st.planner
+    found = pl.profiles()
+    plans = list(pl.history)[-history:] if history else []
+    return PlannerPublic.model_validate({
+        **pl.live.public(), "time_scale": pl.time_scale,
+        "bounds": vars(pl.bounds()),
+        "profiles": {r: (p.key if p is not None else None) for r, p in found.items()},
+        "problem": pl.problem(), "next_at": pl.next_at,
+        "history": [p.public() for p in plans]})
+
+
+@router.get("/planner", response_model=PlannerPublic)
+async def get_planner(st: State, history: Annotated[int, Query(ge=0, le=720)] = 60
+                      ) -> PlannerPublic:
+    return planner_view(st, history)
+
+
+@router.patch("/planner", response_model=PlannerPublic)
+async def patch_planner(body: PlannerUpdate, st: State, request: Request) -> PlannerPublic:
+    async with st.writes:
+        st.planner.update(body.model_dump(exclude_unset=True), actor(request))
+    return planner_view(st, 60)

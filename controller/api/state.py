@@ -12,6 +12,7 @@ from controller.config import Settings
 from controller.fleet import Fleet
 from controller.kv_integrity import LeaseWatch
 from controller.metrics import Metrics
+from controller.planner.service import Planner
 from controller.requests_log import RequestLog
 from controller.router.proxy import Proxy
 from controller.router.table import RoutingTable
@@ -31,7 +32,9 @@ class AppState:
     upstream: Upstream
     token: str
     lease_watch: LeaseWatch
-    # Held by every change to the cluster (pools, routing, drains): one at a time, in order.
+    planner: Planner  # the SLA planner: its live settings, history; acts through ``fleet``
+    # Held by every change to the cluster (pools, routing, drains, the planner's): one at a
+    # time, in order.
     writes: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 

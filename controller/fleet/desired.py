@@ -87,10 +87,12 @@ class Desired:
             self.targets, role, size, tp, model=self.model, hw=self.hw, per_node=per_node,
             nodes=nodes, managed=self.managed, share=share)
 
-    def set(self, role: Role, size: int | None, tp: int | None, actor: str) -> PoolTarget:
+    def set(self, role: Role, size: int | None, tp: int | None, actor: str,
+            detail: str | None = None) -> PoolTarget:
         new = self.check(role, size, tp)
         before = target_json(self.targets[role])
         self.targets = new
         self.store.put("desired", targets_json(new))
-        self.store.record(actor, "pool.update", role.value, before, target_json(new[role]))
+        self.store.record(actor, "pool.update", role.value, before, target_json(new[role]),
+                          detail)
         return new[role]

@@ -63,10 +63,11 @@ class Fleet:
     def targets(self) -> dict[Role, PoolTarget]:
         return self.desired.targets
 
-    def set_pool(self, role: Role, size: int | None, tp: int | None, actor: str
-                 ) -> PoolTarget:
-        """Validate and apply a desired-state change; raises InvalidChange, changes nothing."""
-        target = self.desired.set(role, size, tp, actor)
+    def set_pool(self, role: Role, size: int | None, tp: int | None, actor: str,
+                 detail: str | None = None) -> PoolTarget:
+        """Validate and apply a desired-state change (``detail``: why, for the audit log);
+        raises InvalidChange, changes nothing."""
+        target = self.desired.set(role, size, tp, actor, detail)
         self._wake.set()
         return target
 

@@ -159,6 +159,16 @@ class Measured:
     decode_recent_xfer_ms: float = 0.0  # the decode engine's recent mean NIXL transfer time
     retries: int = 0
     kv_handle: str | None = None
+    gaps: list[float] | None = None  # seconds between the streamed chunks
+
+
+def gap_summary(gaps: list[float] | None) -> tuple[float, float, int]:
+    """(p99 gap ms, worst gap ms, gaps) of one streamed answer; zeros without gaps."""
+    if not gaps:
+        return 0.0, 0.0, 0
+    s = sorted(gaps)
+    p99 = s[min(len(s) - 1, max(0, -(-99 * len(s) // 100) - 1))]  # nearest rank
+    return round(p99 * 1e3, 3), round(s[-1] * 1e3, 3), len(s)
 
 
 def account(m: Measured, costs: KvCosts) -> RequestRecord:
@@ -186,6 +196,7 @@ def account(m: Measured, costs: KvCosts) -> RequestRecord:
         ttft_ms=ttft, disaggregated=disagg, prefill=m.prefill_times,
         prefill_wall_ms=m.prefill_wall_ms, decode=decode_times,
         decode_wall_to_first_ms=to_first, transfer_model_ms=transfer_model_ms))
+    gap_p99, gap_max, n_gaps = gap_summary(m.gaps)
     return RequestRecord(
         id=m.rid, started_at=m.started_at, endpoint=m.endpoint, path=m.path, status=m.status,
         stream=m.stream, prompt_tokens=prompt_tokens,
@@ -195,4 +206,5 @@ def account(m: Measured, costs: KvCosts) -> RequestRecord:
         decode_sched_ms=b.decode_sched_ms, overhead_ms=b.overhead_ms, ttft_ms=b.ttft_ms,
         itl_ms=decode_times.itl_ms if decode_times else 0.0,
         e2e_ms=round((m.end - m.t0) * 1e3, 3), kv_bytes=kv_bytes, retries=m.retries,
-        error=m.error, kv_handle=m.kv_handle)
+        error=m.error, kv_handle=m.kv_handle, gap_p99_ms=gap_p99, gap_max_ms=gap_max,
+        gaps=n_gaps)

@@ -4,6 +4,7 @@ error body. The answer tracks what accounting needs: how the stream ended and it
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -115,8 +116,19 @@ class Answer:
         (tokens already sent, so no retry) ending the stream with an error event."""
         assert self._resp is not None and self._ctx is not None
         strip = self._ctx.strip_usage
+        gaps, last_at = self._ctx.gaps, None
         try:
             async for chunk in self._resp.chunks():
+                if chunk != DONE_EVENT:
+                    # What the client feels between tokens: one gap per chunk read (events
+                    # that arrive together have none between them); the first chunk is the
+                    # one the attempt read, at ``first_at``.
+                    now = time.perf_counter()
+                    if last_at is None:
+                        last_at = self._ctx.first_at or now
+                    else:
+                        gaps.append(now - last_at)
+                        last_at = now
                 self.tail = (self.tail + chunk)[-TAIL_BYTES:]
                 if self.done:
                     continue  # after [DONE]: only the upstream's end of body is left to read

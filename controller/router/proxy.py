@@ -538,7 +538,7 @@ class Proxy:
             decode_instance=decode.id if decode else None, prefill_times=ctx.prefill_times,
             prefill_wall_ms=ctx.prefill_wall_ms,
             decode_recent_xfer_ms=decode.recent_xfer_ms if decode else 0.0,
-            retries=ctx.retries, kv_handle=ctx.kv_handle), self._costs)
+            retries=ctx.retries, kv_handle=ctx.kv_handle, gaps=ctx.gaps), self._costs)
         self.requests.add(rec)
-        self.metrics.observe(rec)
+        self.metrics.observe(rec, ctx.gaps)
         return rec

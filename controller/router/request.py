@@ -43,6 +43,7 @@ class Ctx:
     decode_sent: float = 0.0
     kv_handle: str | None = None  # the prefill's request id, once a decode hop carried it
     first_at: float | None = None
+    gaps: list[float] = field(default_factory=list)  # seconds between streamed chunks
     routed: bool = False  # the first hop has been sent (routing decision observed)
     retries: int = 0
     reached_failures: int = 0  # failed attempts that may have reached an engine

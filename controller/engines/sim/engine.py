@@ -214,9 +214,13 @@ class SimEngine:
                 clock = time.monotonic()  # time spent idle is not lag to catch up on
                 continue
             start = time.monotonic()
-            clock = max(clock, start - MAX_LAG_S)
+            if clock < start - MAX_LAG_S:  # behind the model by more than it may catch up
+                self.metrics.lag.inc(start - MAX_LAG_S - clock)
+                clock = start - MAX_LAG_S
             self._scheduled(plan, start)
-            clock += self._duration(plan) * self.cfg.time_scale
+            step = self._duration(plan) * self.cfg.time_scale
+            self.metrics.busy.inc(step)
+            clock += step
             await asyncio.sleep(clock - start)
             now = time.monotonic()
             self._deliver(self.scheduler.complete(plan, now), now)

@@ -40,6 +40,12 @@ class SimMetrics:
                              "waiting for remote KV.")
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "Share of KV cache blocks in use (0-1).")
         self.prompt_tokens = counter("vllm:prompt_tokens_total", "Prompt tokens processed.")
+        # The simulator's own: how far its wall time fell behind its model (the machine could
+        # not keep up: its latencies then say more about this CPU than the modelled one).
+        self.busy = counter("pdctl_sim_busy_seconds_total",
+                            "Wall seconds of engine steps as modelled (x time_scale)")
+        self.lag = counter("pdctl_sim_lag_seconds_total",
+                           "Wall seconds the engine loop ran behind its modelled clock")
         self.generation_tokens = counter("vllm:generation_tokens_total", "Tokens generated.")
         self.failed_transfers = counter("vllm:nixl_num_failed_transfers_total",
                                         "KV pulls that failed (decode side).")

@@ -1,0 +1,75 @@
+"""The Planner page's data, without Streamlit: its history as tidy frames for the charts and
+the decisions table, and the change that applying a recommendation means."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pandas as pd
+
+from pdctl_api.schema import PlannerPublic, PlanPublic, Role
+
+ROLES = (Role.PREFILL, Role.DECODE)
+
+
+def sizes(history: list[PlanPublic]) -> pd.DataFrame:
+    """One row per (pass, pool, series): current and recommended sizes over time."""
+    rows = [{"time": datetime.fromtimestamp(p.at), "pool": role.value, "series": series,
+             "instances": getattr(p, series)[role]}
+            for p in history for role in ROLES for series in ("current", "recommended")]
+    return pd.DataFrame(rows, columns=["time", "pool", "series", "instances"])
+
+
+def load(history: list[PlanPublic]) -> pd.DataFrame:
+    """Observed request rate against the prediction made for it (modelled requests/s)."""
+    rows = []
+    for k, p in enumerate(history):
+        t = datetime.fromtimestamp(p.at)
+        if p.observed is not None and p.observed.requests:
+            rows.append({"time": t, "series": "observed",
+                         "requests/s": p.observed.load.request_rate})
+        prev = history[k - 1].predicted if k else None
+        if prev is not None:  # the prediction made one pass earlier, for this interval
+            rows.append({"time": t, "series": "predicted", "requests/s": prev.request_rate})
+    return pd.DataFrame(rows, columns=["time", "series", "requests/s"])
+
+
+def latency(history: list[PlanPublic], planner: PlannerPublic) -> pd.DataFrame:
+    """Observed TTFT p95 and inter-token gap p95 per pass, with their targets."""
+    rows = []
+    for p in history:
+        if p.observed is None or not p.observed.requests:
+            continue
+        t = datetime.fromtimestamp(p.at)
+        rows.append({"time": t, "metric": "TTFT p95", "ms": p.observed.ttft_p95_ms,
+                     "target": planner.ttft_ms})
+        if p.observed.itl_p95_ms is not None:
+            rows.append({"time": t, "metric": "gap p95", "ms": p.observed.itl_p95_ms,
+                         "target": planner.itl_ms})
+    return pd.DataFrame(rows, columns=["time", "metric", "ms", "target"])
+
+
+def decisions(history: list[PlanPublic]) -> pd.DataFrame:
+    """Newest first: what each pass recommended, whether it acted, and why."""
+    rows = []
+    for p in reversed(history):
+        outcome = ("applied" if p.applied else f"refused: {p.error}" if p.error
+                   else f"held: {p.hold}" if p.hold else
+                   "no change" if p.recommended == p.current else "recommended")
+        rows.append({
+            "time": datetime.fromtimestamp(p.at).strftime("%H:%M:%S"), "mode": p.mode,
+            "prefill": f"{p.current[Role.PREFILL]} → {p.recommended[Role.PREFILL]}",
+            "decode": f"{p.current[Role.DECODE]} → {p.recommended[Role.DECODE]}",
+            "outcome": outcome, "reasons": " · ".join(p.reasons)})
+    return pd.DataFrame(rows, columns=["time", "mode", "prefill", "decode", "outcome",
+                                       "reasons"])
+
+
+def pending_recommendation(planner: PlannerPublic) -> dict[Role, int] | None:
+    """The last recommendation's pool sizes that differ from the pools now; None when there
+    is nothing to apply (no pass yet, or it matches)."""
+    if not planner.history:
+        return None
+    last = planner.history[-1]
+    diff = {r: last.recommended[r] for r in ROLES if last.recommended[r] != last.current[r]}
+    return diff or None

@@ -1,0 +1,206 @@
+"""Planner: the SLA planner's targets and mode (changed here, live), what it observed and
+predicted, the pool sizes it recommended against the pools over time, and each decision with
+its reasons. In advisory mode its recommendation can be applied as a pool change, through the
+same review (the controller's dry run) and confirmation as on the Controls page."""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+import altair as alt
+import streamlit as st
+
+from dashboard import changes, planner_view, ui
+from dashboard.client import ApiError
+from pdctl_api.schema import PlannerMode, PlannerPublic, PredictorName, Role
+
+PENDING = "pdctl_planner_pending"  # (kind, payload, effects)
+OUTCOME = "pdctl_planner_outcome"  # (ok, message or ApiError)
+MODES: list[str] = list(get_args(PlannerMode))
+PREDICTORS: list[str] = list(get_args(PredictorName))
+MODE_HELP = {"off": "the planner does nothing",
+             "advisory": "recommends pool sizes (here, in the API and as "
+                         "pdctl_planner_recommended_instances); changes nothing",
+             "apply": "changes the pools itself, recorded in the audit log as `planner`"}
+
+st.title("Planner")
+st.caption("The SLA planner (`/api/v1/planner`): pool sizes from TTFT and inter-token-gap "
+           "targets, a load prediction and the pools' performance profiles")
+
+
+def _outcome() -> None:
+    held = st.session_state.get(OUTCOME)
+    if not held:
+        return
+    ok, body = held
+    if ok:
+        st.toast(str(body), icon=":material/check_circle:")
+        st.session_state.pop(OUTCOME, None)
+    elif isinstance(body, ApiError) and body.refused:
+        st.error(f"Refused by the controller (HTTP {body.status}); nothing was changed:\n\n"
+                 f"{body.detail}", icon=":material/block:")
+    else:
+        st.error(ui.explain(body), icon=":material/block:")
+
+
+def _confirm() -> None:
+    held = st.session_state.pop(PENDING, None)
+    if held is None:
+        return
+    kind, payload, _ = held
+    c = ui.client()
+    try:
+        if kind == "settings":
+            c.set_planner(payload)
+            message = "planner settings changed"
+        else:
+            for role in sorted(payload, key=lambda r: payload[r]):  # shrink first
+                c.set_pool(role, size=payload[role])
+            message = "recommendation applied: the pools are converging"
+    except ApiError as exc:
+        st.session_state[OUTCOME] = (False, exc)
+        return
+    ui.forget_reads()
+    st.session_state[OUTCOME] = (True, message)
+
+
+def _cancel() -> None:
+    st.session_state.pop(PENDING, None)
+
+
+def _pending() -> None:
+    held = st.session_state.get(PENDING)
+    if not held:
+        return
+    kind, _, effects = held
+    with st.container(border=True):
+        title = ("Confirm — planner settings" if kind == "settings"
+                 else "Confirm — apply the planner's recommendation")
+        (st.warning if kind == "pools" or "apply" in " ".join(effects) else st.info)(
+            f"**{title}**")
+        st.markdown("\n".join(f"- {e}" for e in effects))
+        left, right = st.columns(2)
+        left.button("Confirm", key="planner-confirm", type="primary", on_click=_confirm)
+        right.button("Cancel", key="planner-cancel", on_click=_cancel)
+
+
+def settings_form(pl: PlannerPublic) -> None:
+    with st.form("planner-settings"):
+        cols = st.columns(5)
+        mode = cols[0].selectbox("Mode", MODES, index=MODES.index(pl.mode),
+                                 help="; ".join(f"{k}: {v}" for k, v in MODE_HELP.items()))
+        ttft = cols[1].number_input("TTFT p95 target (ms)", min_value=1.0, value=pl.ttft_ms,
+                                    step=100.0)
+        itl = cols[2].number_input("Gap p95 target (ms)", min_value=0.1, value=pl.itl_ms,
+                                   step=5.0)
+        interval = cols[3].number_input("Interval (s)", min_value=1.0, value=pl.interval_s,
+                                        step=10.0)
+        predictor = cols[4].selectbox("Predictor", PREDICTORS,
+                                      index=PREDICTORS.index(pl.predictor))
+        submitted = st.form_submit_button("Review change")
+    if not submitted:
+        return
+    now: dict[str, Any] = {"mode": pl.mode, "ttft_ms": pl.ttft_ms, "itl_ms": pl.itl_ms,
+                           "interval_s": pl.interval_s, "predictor": pl.predictor}
+    new: dict[str, Any] = {"mode": mode, "ttft_ms": float(ttft), "itl_ms": float(itl),
+                           "interval_s": float(interval), "predictor": predictor}
+    patch = {k: v for k, v in new.items() if v != now[k]}
+    st.session_state.pop(OUTCOME, None)
+    if not patch:
+        st.session_state.pop(PENDING, None)
+        st.session_state[OUTCOME] = (True, "nothing to change")
+        return
+    effects = [f"{k}: {now[k]} → {v}" for k, v in patch.items()]
+    if patch.get("mode") == "apply":
+        effects.append("in apply mode the planner changes the pools itself every interval")
+    st.session_state[PENDING] = ("settings", patch, effects)
+
+
+def review_recommendation(want: dict[Role, int]) -> None:
+    """The controller's dry run of each pool change the recommendation means."""
+    st.session_state.pop(OUTCOME, None)
+    effects: list[str] = []
+    try:
+        for role, size in want.items():
+            plan = ui.client().plan_pool(role, size=size)
+            effects.append(f"**{role}** → {size} instances")
+            effects += [changes.action_text(a) for a in plan.actions] or [
+                changes.NOTHING_PLANNED]
+    except ApiError as exc:
+        st.session_state[OUTCOME] = (False, exc)
+        return
+    st.session_state[PENDING] = ("pools", want, effects)
+
+
+@st.fragment(run_every=ui.run_every())
+def live(pl: PlannerPublic) -> None:
+    hist = pl.history
+    cols = st.columns(4)
+    last = hist[-1] if hist else None
+    cols[0].metric("Mode", pl.mode)
+    for col, role in zip(cols[1:3], (Role.PREFILL, Role.DECODE), strict=True):
+        if last is None:
+            col.metric(f"{role} (now → recommended)", "no pass yet")
+        else:
+            col.metric(f"{role} (now → recommended)",
+                       f"{last.current[role]} → {last.recommended[role]}")
+    cols[3].metric("Next pass", ui.clock(pl.next_at) if pl.next_at else "—",
+                   help=f"every {pl.interval_s:g} s while the mode is not off")
+    if pl.time_scale != 1.0:
+        st.info(f"Simulated time runs at {pl.time_scale:g} wall s per modelled s: targets, "
+                "observations and profiles are in modelled time", icon=":material/schedule:")
+    want = planner_view.pending_recommendation(pl)
+    if pl.mode == "advisory" and want:
+        st.button("Review the recommendation", type="primary", on_click=review_recommendation,
+                  args=(want,), help="as a pool change: the controller's dry run, then your "
+                                     "confirmation")
+    if not hist:
+        st.caption("No decision yet: the first comes one interval after the mode leaves off.")
+        return
+    left, right = st.columns(2)
+    sizes = planner_view.sizes(hist)
+    left.markdown("**Pool sizes: recommended vs current**")
+    left.altair_chart(alt.Chart(sizes).mark_line(point=True, interpolate="step-after").encode(
+        x="time:T", y=alt.Y("instances:Q", title="instances"),
+        color="pool:N", strokeDash="series:N", tooltip=["time:T", "pool", "series",
+                                                        "instances"]),
+        width="stretch")
+    ld = planner_view.load(hist)
+    right.markdown("**Load: predicted vs observed (requests/s)**")
+    if ld.empty:
+        right.caption("no data yet")
+    else:
+        right.altair_chart(alt.Chart(ld).mark_line(point=True).encode(
+            x="time:T", y="requests/s:Q", color="series:N",
+            tooltip=["time:T", "series", "requests/s"]), width="stretch")
+    lat = planner_view.latency(hist, pl)
+    if not lat.empty:
+        st.markdown("**Observed p95 against the targets (ms)**")
+        base = alt.Chart(lat)
+        st.altair_chart(
+            (base.mark_line(point=True).encode(x="time:T", y="ms:Q", color="metric:N")
+             + base.mark_rule(strokeDash=[4, 4]).encode(y="target:Q", color="metric:N")),
+            width="stretch")
+    st.markdown("**Decisions**")
+    st.dataframe(planner_view.decisions(hist), hide_index=True, width="stretch")
+
+
+def page() -> None:
+    try:
+        pl = ui.client().planner()
+    except ApiError as exc:
+        ui.card_error(exc)
+        return
+    _outcome()
+    if pl.problem:
+        st.warning(f"The planner cannot run: {pl.problem}", icon=":material/warning:")
+    prof = ", ".join(f"{r}: `{pl.profiles[r] or 'none'}`" for r in (Role.PREFILL, Role.DECODE))
+    st.caption(f"Profiles — {prof} · bounds prefill {pl.bounds.min_prefill}–"
+               f"{pl.bounds.max_prefill}, decode {pl.bounds.min_decode}–{pl.bounds.max_decode}"
+               f", budget {pl.bounds.accelerator_budget} accelerators")
+    settings_form(pl)
+    _pending()
+    live(pl)
+
+
+page()
