@@ -133,7 +133,16 @@ def review_recommendation(want: dict[Role, int]) -> None:
 
 
 @st.fragment(run_every=ui.run_every())
-def live(pl: PlannerPublic) -> None:
+def live() -> None:
+    """Refreshed on its own; the confirmation step and outcomes show here too, so that a
+    button inside the fragment (which reruns only the fragment) shows its result."""
+    try:
+        pl = ui.client().planner()
+    except ApiError as exc:
+        ui.card_error(exc)
+        return
+    _outcome()
+    _pending()
     hist = pl.history
     cols = st.columns(4)
     last = hist[-1] if hist else None
@@ -191,7 +200,6 @@ def page() -> None:
     except ApiError as exc:
         ui.card_error(exc)
         return
-    _outcome()
     if pl.problem:
         st.warning(f"The planner cannot run: {pl.problem}", icon=":material/warning:")
     prof = ", ".join(f"{r}: `{pl.profiles[r] or 'none'}`" for r in (Role.PREFILL, Role.DECODE))
@@ -199,8 +207,7 @@ def page() -> None:
                f"{pl.bounds.max_prefill}, decode {pl.bounds.min_decode}–{pl.bounds.max_decode}"
                f", budget {pl.bounds.accelerator_budget} accelerators")
     settings_form(pl)
-    _pending()
-    live(pl)
+    live()
 
 
 page()
