@@ -64,6 +64,36 @@ def integrity_summary(after_in_window: float = 0.0, expired_in_window: float = 0
 LEASE_FIELDS = ("kv_expired_requests", "notifications_after_expiry")
 
 
+def planner_pass(at: float, current: tuple[int, int], recommended: tuple[int, int], rate: float,
+         **extra: Any) -> dict[str, Any]:
+    """One planner pass as ``/api/v1/planner`` shows it."""
+    load = {"request_rate": rate, "prompt_tokens": 3000.0, "output_tokens": 150.0}
+    return {"at": at, "mode": "advisory",
+            "current": {"prefill": current[0], "decode": current[1]},
+            "recommended": {"prefill": recommended[0], "decode": recommended[1]},
+            "reasons": [f"prefill: {rate * 3000:,.0f} prompt tokens/s predicted"],
+            "hold": None, "applied": False, "error": None, "predicted": load,
+            "observed": {"requests": int(rate * 10), "load": load, "ttft_p95_ms": 900.0,
+                         "itl_p95_ms": 40.0, "itl_mean_ms": 30.0, "prefill_ms_mean": 250.0,
+                         "prefill_queue_p95_ms": 10.0, "decode_queue_p95_ms": 5.0,
+                         "decode_concurrency": 4.0, "disagg_token_share": 1.0}, **extra}
+
+
+def planner_view(history: list[dict[str, Any]] | None = None, mode: str = "advisory"
+                 ) -> dict[str, Any]:
+    now = time.time()
+    return {"mode": mode, "predictor": "constant", "interval_s": 10.0, "ttft_ms": 2000.0,
+            "itl_ms": 60.0, "time_scale": 1.0,
+            "bounds": {"min_prefill": 1, "max_prefill": 8, "min_decode": 1, "max_decode": 16,
+                       "accelerator_budget": 32},
+            "profiles": {"prefill": "sim-llama-3-70b-h100-sxm-tp4",
+                         "decode": "sim-llama-3-70b-h100-sxm-tp2"},
+            "problem": None, "next_at": now + 5,
+            "history": history if history is not None else [
+                planner_pass(now - 20, (1, 1), (1, 1), 2.0),
+                planner_pass(now - 10, (1, 1), (2, 1), 6.0)]}
+
+
 def make_instances(prefill: int, decode: int, prefill_tp: int = 4, decode_tp: int = 2
                    ) -> list[Instance]:
     out, n = [], 0
@@ -89,6 +119,7 @@ class FakeController:
         "max_attempts": 3, "request_timeout_s": 600.0})
     kv_integrity: dict[str, Any] = field(default_factory=integrity_summary)
     quarantine: dict[Role, Quarantine] = field(default_factory=dict)
+    planner: dict[str, Any] = field(default_factory=lambda: planner_view())
     legacy: bool = False
     token: str = TOKEN
     reachable: bool = True
@@ -166,6 +197,14 @@ class FakeController:
             return self.set_pool(role, body)
         if key == ("PATCH", "/routing"):
             return self.set_routing(body)
+        if key == ("GET", "/planner") and not self.legacy:
+            return self.planner
+        if key == ("PATCH", "/planner") and not self.legacy:
+            unknown = set(body) - {"mode", "ttft_ms", "itl_ms", "interval_s", "predictor"}
+            if unknown or not body:
+                raise InvalidChange(f"bad planner change {body}", next(iter(unknown), None))
+            self.planner = {**self.planner, **body}
+            return self.planner
         if request.method == "POST" and path.endswith("/drain"):
             return self.drain(path.split("/")[2])
         raise InvalidChange(f"fake controller: no route {key}")

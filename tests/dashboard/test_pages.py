@@ -20,10 +20,11 @@ from tests.dashboard.fake import (
     integrity_summary,
     make_instances,
     make_records,
+    planner_view,
 )
 
 Console = Callable[..., AppTest]
-PAGES = ["overview", "transfer", "pools", "controls", "advisor", "events"]
+PAGES = ["overview", "transfer", "pools", "controls", "advisor", "planner", "events"]
 
 
 def by_label(widgets: Sequence[Any], label: str) -> Any:
@@ -405,10 +406,64 @@ def test_older_controller_without_the_new_fields(console: Console, fake: FakeCon
     quarantine_decode(fake)  # not sent by an older controller
     at = console(fake, page)
     no_exceptions(at)
-    assert not at.error
     assert at.title[0].value == page.capitalize()
+    if page == "planner":  # an older controller has no planner: the page says so
+        assert "404" in texts(at.error) or "no route" in texts(at.error)
+        return
+    assert not at.error
     if page == "overview":
         assert (frame_with(at, "suspect")["suspect"] == "").all()
     if page == "transfer":
         assert frame_with(at, "notifications_after_expiry")["kv_expired_requests"].isna().all()
         assert "does not report the engines' KV lease counters" in texts(at.caption)
+
+
+# ---- the Planner page ------------------------------------------------------------------------
+
+def test_planner_page_shows_decisions_and_applies_a_recommendation(
+        console: Console, fake: FakeController) -> None:
+    at = console(fake, "planner")
+    no_exceptions(at)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["prefill (now → recommended)"] == "1 → 2"
+    table = frame_with(at, "reasons")
+    assert list(table["prefill"]) == ["1 → 2", "1 → 1"]  # newest first
+    assert list(table["outcome"]) == ["recommended", "no change"]
+    by_label(at.button, "Review the recommendation").click().run()
+    no_exceptions(at)
+    assert [c[1] for c in fake.dry_runs()] == ["/api/v1/pools/prefill?dry_run=true"]
+    assert fake.changes() == []  # reviewed, not sent
+    assert "Confirm — apply the planner's recommendation" in texts(at.warning)
+    by_label(at.button, "Confirm").click().run()
+    no_exceptions(at)
+    assert fake.changes() == [("PATCH", "/api/v1/pools/prefill", {"size": 2})]
+    assert fake.targets[Role.PREFILL].size == 2
+
+
+def test_planner_settings_are_reviewed_then_sent(console: Console,
+                                                 fake: FakeController) -> None:
+    at = console(fake, "planner")
+    by_label(at.number_input, "TTFT p95 target (ms)").set_value(1500.0)
+    by_label(at.selectbox, "Mode").set_value("apply")
+    by_label(at.button, "Review change").click().run()
+    no_exceptions(at)
+    assert fake.changes() == []
+    pending = texts(at.warning)
+    assert "ttft_ms: 2000.0 → 1500.0" in texts(at.markdown)
+    assert "planner settings" in pending
+    by_label(at.button, "Confirm").click().run()
+    assert fake.changes() == [("PATCH", "/api/v1/planner",
+                               {"mode": "apply", "ttft_ms": 1500.0})]
+    assert fake.planner["mode"] == "apply"
+
+
+def test_planner_page_without_a_profile_or_a_pass(console: Console,
+                                                  fake: FakeController) -> None:
+    fake.planner = {**planner_view(history=[], mode="off"),
+                    "problem": "no performance profile for sim-x-tp3: `pdctl profile` ...",
+                    "profiles": {"prefill": None, "decode": None}, "next_at": None}
+    at = console(fake, "planner")
+    no_exceptions(at)
+    assert "The planner cannot run: no performance profile" in texts(at.warning)
+    assert "No decision yet" in texts(at.caption)
+    assert not [b for b in at.button if b.label == "Review the recommendation"]
