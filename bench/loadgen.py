@@ -103,9 +103,11 @@ class Client:
 
     async def request(self, url: str, payload: bytes, *, stream: bool,
                       t0: float | None = None, max_tokens: int | None = None,
-                      headers: dict[str, str] | None = None, resend: bool = True) -> float:
+                      headers: dict[str, str] | None = None, resend: bool = True,
+                      gaps: list[float] | None = None) -> float:
         """POST ``payload``; seconds from ``t0`` (default: now) to the first token event
-        (streamed) or to the whole answer (not streamed). Reads the whole answer."""
+        (streamed) or to the whole answer (not streamed). Reads the whole answer. ``gaps``
+        (streamed): gets the seconds between the chunks read after the first token."""
         t0 = time.perf_counter() if t0 is None else t0
         try:
             resp = await self.upstream.open(url, payload, headers or JSON, resend)
@@ -130,6 +132,7 @@ class Client:
             ttft: float | None = None
             buf = b""
             tail = b""
+            last = 0.0
             async for chunk in resp.chunks():
                 if ttft is None:
                     buf += chunk
@@ -141,10 +144,15 @@ class Client:
                         if b'"error"' in buf:
                             raise RequestError("stream error event", repr(buf[:200]))
                         tail = buf[-64:]
+                        last = time.perf_counter()
                 else:
                     if b'"error"' in chunk:
                         raise RequestError("stream error event", repr(chunk[:200]))
                     tail = (tail + chunk)[-64:]
+                    if gaps is not None:
+                        now = time.perf_counter()
+                        gaps.append(now - last)
+                        last = now
         except UpstreamError as exc:
             raise RequestError("connection", str(exc)) from None
         finally:
@@ -253,6 +261,7 @@ class Arrival:
     done: float = 0.0
     ttft: float | None = None  # streamed requests
     error: str | None = None
+    gaps: list[float] | None = None  # streamed, when ``OpenLoop.record_gaps``
 
 
 @dataclass
@@ -270,6 +279,7 @@ class OpenLoop:
     max_inflight: int = 1000
     timeout_s: float = 15.0
     seed: int = 1
+    record_gaps: bool = False  # streamed requests keep their inter-chunk gaps
     arrivals: list[Arrival] = field(default_factory=list)
     window: tuple[float, float] = (0.0, 0.0)  # monotonic
     inflight: set[asyncio.Task[None]] = field(default_factory=set)
@@ -281,8 +291,11 @@ class OpenLoop:
         a.sent = time.monotonic()
         try:
             async with asyncio.timeout(self.timeout_s):
+                if a.stream and self.record_gaps:
+                    a.gaps = []
                 took = await client.request(url, payload, stream=a.stream,
-                                            max_tokens=None if a.stream else max_tokens)
+                                            max_tokens=None if a.stream else max_tokens,
+                                            gaps=a.gaps)
             if a.stream:
                 a.ttft = took
         except TimeoutError:

@@ -93,7 +93,8 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
     metrics.attach_admission(lambda: proxy.inflight, lambda: (
         table.settings.max_inflight, table.settings.max_inflight_per_instance))
     writes = asyncio.Lock()
-    planner = Planner(settings, fleet, requests, metrics, store, writes)
+    planner = Planner(settings, fleet, requests, metrics, store, writes,
+                      arrivals=lambda: (proxy.arrived, proxy.arrived_prompt_tokens))
     return AppState(settings, store, fleet, table, proxy, requests, metrics, upstream,
                     ensure_token(state_dir), LeaseWatch(requests, metrics, store), planner,
                     writes)

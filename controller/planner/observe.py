@@ -23,10 +23,12 @@ class Window:
     """What the planner read for one interval (wall units, as recorded)."""
 
     seconds: float
-    columns: Columns
+    columns: Columns  # the requests that finished in the interval
     gap_p95_s: float | None  # from the router's gap histogram, over the interval
     decode: list[Instance]  # ready decode instances
     prefill: list[Instance]
+    arrived: int | None = None  # requests that arrived in the interval (the router's count)
+    arrived_prompt_tokens: int = 0
 
 
 def _p95(values: np.ndarray) -> float:
@@ -47,10 +49,17 @@ def observe(w: Window, time_scale: float = 1.0) -> Observed:
     itl = itl[itl > 0]
     prompt_total = float(isl.sum())
     running = [i.running for i in w.decode]
+    # The rate and prompt length of what arrived (what finished lags it while queues grow);
+    # output lengths are known only of what finished.
+    # While a backlog drains more finish than arrive: the larger count keeps its capacity.
+    arrived = max(w.arrived or 0, n)
+    rate = arrived / span if span > 0 else 0.0
+    isl_mean = (w.arrived_prompt_tokens / w.arrived
+                if w.arrived and w.arrived >= n and w.arrived_prompt_tokens
+                else float(isl.mean()) if n else 0.0)
     return Observed(
         requests=n,
-        load=Load(request_rate=n / span if span > 0 else 0.0,
-                  prompt_tokens=float(isl.mean()) if n else 0.0,
+        load=Load(request_rate=rate, prompt_tokens=isl_mean,
                   output_tokens=float(osl.mean()) if n else 0.0),
         ttft_p95_ms=_p95(ok.col("ttft_ms")) / s,
         itl_p95_ms=None if w.gap_p95_s is None else w.gap_p95_s * 1e3 / s,

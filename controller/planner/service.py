@@ -75,7 +75,11 @@ class Plan:
 
 @dataclass
 class _Marks:
+    """Where the current interval started: the gap histogram, the arrival counts, the time."""
+
     gaps: np.ndarray
+    arrived: tuple[int, int]
+    at: float
     last_targets: dict[Role, tuple[int, int]] = field(default_factory=dict)
     changed_at: float | None = None  # when the pools' desired state last changed
 
@@ -83,7 +87,10 @@ class _Marks:
 class Planner:
     def __init__(self, settings: Settings, fleet: Fleet, requests: RequestLog,
                  metrics: Metrics, store: Store, writes: asyncio.Lock,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 arrivals: Callable[[], tuple[int, int]] | None = None) -> None:
+        """``arrivals``: the router's count of requests that arrived and of their prompt
+        tokens, since it started."""
         ps = settings.planner
         self.settings, self.fleet, self.requests = settings, fleet, requests
         self.metrics, self.store, self.writes, self.clock = metrics, store, writes, clock
@@ -96,7 +103,9 @@ class Planner:
                                         "predictor")}})
         self.predictor = LoadPredictor(self.live.predictor)
         self.history: deque[Plan] = deque(maxlen=HISTORY)
-        self._marks = _Marks(metrics.gaps.snapshot())
+        self.arrivals = arrivals
+        self._marks = _Marks(metrics.gaps.snapshot(), arrivals() if arrivals else (0, 0),
+                             clock())
         self._wake = asyncio.Event()
         self.next_at: float | None = None
         if self.live.mode != "off" and self.problem() is not None:
@@ -192,12 +201,19 @@ class Planner:
     def step(self) -> Plan:
         """Observe the interval that just ended, predict the next, decide; no action."""
         now = self.clock()
+        m = self._marks
         gaps = self.metrics.gaps.snapshot()
-        gap_p95 = self.metrics.gaps.quantile(gaps - self._marks.gaps, 0.95)
-        self._marks.gaps = gaps
+        gap_p95 = self.metrics.gaps.quantile(gaps - m.gaps, 0.95)
+        arrived = self.arrivals() if self.arrivals else None
+        span = max(1e-3, now - m.at) if arrived is not None else self.live.interval_s
         instances = list(self.fleet.registry)
-        window = Window(self.live.interval_s, self.requests.finished(self.live.interval_s, now),
-                        gap_p95, ready(instances, Role.DECODE), ready(instances, Role.PREFILL))
+        window = Window(span, self.requests.finished(span, now), gap_p95,
+                        ready(instances, Role.DECODE), ready(instances, Role.PREFILL),
+                        None if arrived is None else arrived[0] - m.arrived[0],
+                        0 if arrived is None else arrived[1] - m.arrived[1])
+        m.gaps, m.at = gaps, now
+        if arrived is not None:
+            m.arrived = arrived
         obs = observe(window, self.time_scale)
         min_requests = self.settings.planner.min_requests
         if obs.requests >= min_requests:
@@ -261,17 +277,22 @@ class Planner:
             if self.live.mode == "off":
                 self.next_at = None
                 await self._wake.wait()
-                self._reset_interval()
+                self.begin_interval()
                 continue
             self.next_at = self.clock() + self.live.interval_s
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.live.interval_s)
-                self._reset_interval()
+                self.begin_interval()
                 continue  # woken by a change: a fresh interval under the new settings
             try:
                 await self.tick()
             except Exception:  # the loop must survive a bad pass
                 log.exception("planner pass failed")
 
-    def _reset_interval(self) -> None:
-        self._marks.gaps = self.metrics.gaps.snapshot()
+    def begin_interval(self, at: float | None = None) -> None:
+        """Start observing afresh (from ``at``, default now): the next pass sees only what
+        happens from here."""
+        m = self._marks
+        m.gaps, m.at = self.metrics.gaps.snapshot(), self.clock() if at is None else at
+        if self.arrivals:
+            m.arrived = self.arrivals()

@@ -159,6 +159,10 @@ class Proxy:
         self._background: set[asyncio.Task[None]] = set()
         self.inflight = 0  # admitted client requests not yet ended
         self.refused_total = 0  # answered 429 by admission control
+        # Valid requests that arrived, and their prompt tokens (the planner's arrival rate:
+        # finished requests understate it while a queue grows).
+        self.arrived = 0
+        self.arrived_prompt_tokens = 0
 
     # ---- entry -----------------------------------------------------------------------
 
@@ -176,6 +180,8 @@ class Proxy:
             stream, prompt_tokens = check(endpoint, body, self.counter, self._limits)
         except RoutingError as exc:
             return self.refused(endpoint, rid, exc, t0, started_at)
+        self.arrived += 1
+        self.arrived_prompt_tokens += prompt_tokens
         return Ctx(rid=rid, endpoint=endpoint, body=body, stream=stream,
                    prompt_tokens=prompt_tokens, t0=t0, started_at=started_at)
 

@@ -32,6 +32,7 @@ def busy(st: AppState, n: int, rate_window_s: float) -> None:
             stream=True, prompt_tokens=3000, output_tokens=150, prefill_instance="prefill-1",
             decode_instance="decode-2", queue_ms=5.0, prefill_ms=300.0, transfer_ms=20.0,
             decode_sched_ms=5.0, ttft_ms=330.0, itl_ms=20.0))
+    st.planner.begin_interval(now - rate_window_s)  # as if the interval began then
 
 
 def test_get_shows_settings_profiles_and_bounds(app_state: Fixture) -> None:
@@ -124,6 +125,7 @@ def test_an_apply_pass_changes_the_pools_as_the_planner_with_its_reasons(
     assert {e["actor"] for e in events} == {"planner"}
     assert all("prompt tokens/s predicted" in (e["detail"] or "") for e in events)
     # The next pass holds: the pools are converging (nothing started in this test).
+    st.planner.begin_interval(time.time() - 10.0)
     again = asyncio.run(st.planner.tick())
     assert again.hold == "a previous change is still converging" and not again.applied
 
