@@ -12,13 +12,15 @@ Runs, one after the other on an otherwise idle machine (each loads both cores):
 5. ``bench.ray_start`` 64 simulated instances started and stopped with the local and the Ray
                       launcher, and Ray's own CPU and memory (in a private network namespace:
                       root)
+6. ``bench.planner``  the SLA planner in apply mode under a stepped load, and P/D against
+                      colocated engines at equal accelerators
 
 Each part's whole output goes to ``bench-results/<part>.log`` and its result (the scenario's
 dataclass) to ``bench-results/<part>.json`` (git-ignored); its report, built from that result,
 goes into BENCHMARKS.md with the machine, the commit and the run's date. A part that fails is
 recorded as failed in BENCHMARKS.md and makes this command exit 1.
 
-    .venv/bin/python -m bench [--only router lab scale console ray] [--quick]
+    .venv/bin/python -m bench [--only router lab scale console ray planner] [--quick]
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from bench import console, lab, ray_start, router, scale
+from bench import console, lab, planner, ray_start, router, scale
 from bench.fleet import interrupt_on_signals
 from bench.report import ROOT, PartRun, benchmarks_md, write_json
 
@@ -71,6 +73,11 @@ def _ray(quick: bool) -> tuple[Any, str, str | None]:
     return res, ray_start.report(res), ray_start.check(res)
 
 
+def _planner(quick: bool) -> tuple[Any, str, str | None]:
+    res = planner.run_planner(planner.Options.defaults(quick))
+    return res, planner.report(res), planner.check(res)
+
+
 @dataclass(frozen=True)
 class Part:
     name: str
@@ -86,6 +93,7 @@ PARTS = (
     Part("scale", "bench.scale", scale.TITLE, scale.ABOUT, _scale),
     Part("console", "bench.console", console.TITLE, console.ABOUT, _console),
     Part("ray", "bench.ray_start", ray_start.TITLE, ray_start.ABOUT, _ray),
+    Part("planner", "bench.planner", planner.TITLE, planner.ABOUT, _planner),
 )
 
 

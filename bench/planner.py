@@ -24,7 +24,7 @@ All times are modelled: the engines run at ``time_scale`` wall seconds per model
 (slower than real time where this 2-core machine could not carry the wall rate), and every
 measured time is divided by it, every wall rate multiplied.
 
-    .venv/bin/python -m bench.planner            # ~20 min
+    .venv/bin/python -m bench.planner            # ~25 min
     .venv/bin/python -m bench.planner --quick    # ~6 min
 """
 
@@ -35,6 +35,7 @@ import asyncio
 import json
 import math
 import random
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -60,14 +61,14 @@ RESULTS = ROOT / "bench-results"
 
 @dataclass
 class Options:
-    step_scale: float = 2.0  # wall s per modelled s in the stepped load
-    interval_s: float = 20.0  # planner interval (wall)
-    low: float = 4.0  # modelled requests/s
-    high: float = 40.0
-    phases: tuple[int, int, int] = (3, 9, 9)  # intervals per phase: low, high, low
+    step_scale: float = 3.0  # wall s per modelled s in the stepped load
+    interval_s: float = 30.0  # planner interval (wall): 10 modelled s
+    low: float = 3.0  # modelled requests/s
+    high: float = 24.0
+    phases: tuple[int, int, int] = (3, 8, 8)  # intervals per phase: low, high, low
     ttft_ms: float = 2000.0
     itl_ms: float = 60.0
-    nodes: int = 12
+    nodes: int = 16
     pd_scale: float = 1.0
     pd_rates: tuple[float, ...] = (2.0, 5.0, 9.0)
     pd_seconds: float = 90.0
@@ -79,8 +80,8 @@ class Options:
     @classmethod
     def defaults(cls, quick: bool) -> Options:
         if quick:
-            return cls(interval_s=10.0, low=2.0, high=16.0, phases=(2, 6, 6), nodes=6,
-                       pd_rates=(5.0,), pd_seconds=40.0)
+            return cls(step_scale=2.0, interval_s=10.0, low=2.0, high=12.0, phases=(2, 6, 6),
+                       nodes=8, pd_rates=(5.0,), pd_seconds=40.0)
         return cls()
 
 
@@ -185,6 +186,7 @@ def run_step(o: Options, work: Path) -> StepResult:
         "step_scale", "interval_s", "low", "high", "phases", "ttft_ms", "itl_ms", "nodes")},
         steps=steps)
     rng = random.Random(o.seed)
+    shutil.rmtree(work, ignore_errors=True)  # a fresh state: no stored pools, no old events
     with Fleet(work) as fleet:
         ctl = start_controller(work, cfg, fleet=fleet, wait="converged", timeout_s=120)
         samples: list[tuple[float, int, int]] = []  # (monotonic, used, desired accelerators)
@@ -336,7 +338,9 @@ def run_pd(o: Options, work: Path) -> PdResult:
     for name, pools in SETUPS.items():
         cfg = base_config(1, o.pd_scale)
         cfg["pools"] = pools
-        with Fleet(work / name.split()[0].replace("/", "")) as fleet:
+        where = work / name.split()[0].replace("/", "")
+        shutil.rmtree(where, ignore_errors=True)
+        with Fleet(where) as fleet:
             ctl = start_controller(fleet.workdir, cfg, fleet=fleet, wait="converged",
                                    timeout_s=120)
             for rate in o.pd_rates:

@@ -23,7 +23,7 @@ from controller.config import PlannerMode, Settings
 from controller.errors import InvalidChange
 from controller.fleet import Fleet
 from controller.metrics import Metrics
-from controller.models import Role
+from controller.models import InstanceState, Role
 from controller.planner.decide import Bounds, Decision, Pools, Stability, Targets, decide
 from controller.planner.observe import Window, observe, observed_json, ready
 from controller.planner.predict import LoadPredictor, PredictorName
@@ -33,6 +33,7 @@ from controller.store import Store
 
 log = logging.getLogger("pdctl.planner")
 HISTORY = 720  # decisions kept (a day at 120 s)
+STUCK_INTERVALS = 3  # a change still starting after this many intervals holds nothing back
 ACTOR = "planner"
 
 
@@ -193,8 +194,14 @@ class Planner:
             m.last_targets = shape
         cooldown = self.settings.planner.cooldown_s
         cooldown = 2 * self.live.interval_s if cooldown is None else cooldown
-        converging = not all(self.fleet.pool_view(r)["converged"] for r in Role)
-        return Stability(converging=converging,
+        # Converging: instances of the last change still starting (the capacity they add is
+        # not in the observation yet). Draining ones do not hold a decision back (a drain
+        # behind long requests would block every correction, scale-up included), and
+        # neither does a start that takes longer than STUCK_INTERVALS intervals.
+        starting = any(i.state is InstanceState.STARTING for i in self.fleet.registry)
+        stuck = m.changed_at is not None and \
+            now - m.changed_at > STUCK_INTERVALS * self.live.interval_s
+        return Stability(converging=starting and not stuck,
                          cooling_down=m.changed_at is not None and now - m.changed_at < cooldown,
                          scale_down_utilization=self.settings.planner.scale_down_utilization)
 

@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 from controller.api import create_app
 from controller.api.state import AppState
 from controller.config import load_settings
-from controller.models import RequestPath, RequestRecord, Role
+from controller.models import Instance, RequestPath, RequestRecord, Role
 from tests.unit.api_app import NoLauncher, app_state
 
 __all__ = ["app_state"]  # the fixture
@@ -124,7 +124,10 @@ def test_an_apply_pass_changes_the_pools_as_the_planner_with_its_reasons(
     events = tc.get("/api/v1/events", params={"kind": "pool.update"}).json()
     assert {e["actor"] for e in events} == {"planner"}
     assert all("prompt tokens/s predicted" in (e["detail"] or "") for e in events)
-    # The next pass holds: the pools are converging (nothing started in this test).
+    # While an instance of that change is starting, the next pass holds.
+    st.fleet.registry.add(Instance("prefill-9", Role.PREFILL, 4, "http://e9",
+                                   created_at=st.fleet.clock(), accelerators=(4, 5, 6, 7)),
+                          "test: the reconciler's start")
     st.planner.begin_interval(time.time() - 10.0)
     again = asyncio.run(st.planner.tick())
     assert again.hold == "a previous change is still converging" and not again.applied
