@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from controller import profiles
+import numpy as np
+
+from controller import kvfit, profiles
 from controller.models import RequestPath, RequestRecord
 from controller.requests_log import mean
 
@@ -101,6 +103,12 @@ def advise(m: profiles.ModelProfile, hw: profiles.HardwareProfile, link: profile
     disagg = [r for r in ok if r.path is RequestPath.DISAGGREGATED and r.ttft_ms > 0]
     shares = sorted(r.transfer_ms / r.ttft_ms for r in disagg)
     obs_share = shares[len(shares) // 2] if shares else None
+    contexts = np.array([r.prompt_tokens + r.output_tokens for r in ok], dtype=float)
+    kv_fit = kvfit.fit(m, hw, decode_tp, contexts, isl + osl)
+    reasons = list(v.reasons)
+    if kv_fit.tight:
+        reasons.append(kv_fit.note())
+    v = Verdict(v.decision, tuple(reasons))
     prefill_s = profiles.prefill_seconds(m, hw, prefill_tp, max(1, round(isl)))
     model_share = profiles.transfer_seconds(kv, link) / (
         prefill_s + profiles.transfer_seconds(kv, link))
@@ -119,6 +127,7 @@ def advise(m: profiles.ModelProfile, hw: profiles.HardwareProfile, link: profile
             "formula": "(OSL x decode cost/token) / (ISL x prefill cost/token)",
         },
         "verdict": {"decision": v.decision, "reasons": list(v.reasons)},
+        "kv_capacity": kv_fit.public(),
         "kv_transfer": {
             "link": link.name, "kv_bytes_at_mean_isl": kv,
             "wire_ms": profiles.wire_seconds(kv, link) * 1e3,

@@ -71,7 +71,8 @@ def pool_change(role: Role, size: int, tp: int, plan: PoolPlanPublic) -> Pending
                   or any(a.kind != "start" for a in plan.actions))
     return PendingChange(
         kind="pool", title=f"{role} pool: {size} x TP{tp} → {new.size} x TP{new.tp}",
-        effects=tuple(action_text(a) for a in plan.actions) or (NOTHING_PLANNED,),
+        effects=(tuple(action_text(a) for a in plan.actions) or (NOTHING_PLANNED,))
+        + tuple(plan.notes),
         disruptive=disruptive, role=role,
         size=new.size if new.size != size else None, tp=new.tp if new.tp != tp else None)
 

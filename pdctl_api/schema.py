@@ -211,6 +211,9 @@ class PoolPlanPublic(Public):
     role: Role
     desired: PoolSize
     actions: list[PlannedAction]
+    notes: list[str] = Field(default_factory=list, description=(
+        "what else the change means, e.g. the KV cache a decode instance at this TP holds "
+        "against the contexts of the last 10 minutes"))
 
 
 # ---- requests and their statistics ---------------------------------------------------------
@@ -429,6 +432,20 @@ class KvTransferPublic(Public):
     transfer_dominant: bool
 
 
+class KvCapacityPublic(Public):
+    """What one decode instance's KV cache holds of the contexts it serves."""
+
+    tp: int
+    tokens_per_instance: int
+    context_p50: float
+    context_p99: float
+    sequences_at_p50: int
+    sequences_at_p99: int
+    observed: bool
+    tight: bool = Field(description="fewer than 16 p99 contexts fit: memory caps the batch")
+    note: str
+
+
 class AdvisorPublic(Public):
     """``GET /api/v1/advisor``: fleet ratio and disaggregate-or-colocate advice."""
 
@@ -436,6 +453,7 @@ class AdvisorPublic(Public):
     fleet_ratio: FleetRatioPublic
     verdict: VerdictPublic
     kv_transfer: KvTransferPublic
+    kv_capacity: KvCapacityPublic | None = None
 
 
 class EventPublic(Public):

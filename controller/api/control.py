@@ -21,7 +21,7 @@ from fastapi.dependencies.models import Dependant
 from fastapi.security import HTTPBearer
 from starlette.requests import Request
 
-from controller import advisor, profiles
+from controller import advisor, kvfit, profiles
 from controller.api.state import AppState, app_state
 from controller.errors import InvalidChange, NotFound
 from controller.models import Instance, InstanceState, Role
@@ -149,13 +149,30 @@ async def patch_pool(role: Role, body: PoolUpdate, st: State, request: Request,
     if dry_run:
         actions = st.fleet.preview_pool(role, body.size, body.tp)
         now = st.fleet.targets[role]
+        tp = now.tp if body.tp is None else body.tp
         return PoolPlanPublic(
             role=role, desired=PoolSize(size=now.size if body.size is None else body.size,
-                                        tp=now.tp if body.tp is None else body.tp),
-            actions=[planned(a) for a in actions])
+                                        tp=tp),
+            actions=[planned(a) for a in actions], notes=pool_notes(st, role, tp))
     async with st.writes:
         st.fleet.set_pool(role, body.size, body.tp, actor(request))
         return pool_view(st, role)
+
+
+def pool_notes(st: AppState, role: Role, tp: int) -> list[str]:
+    """A decode pool's KV capacity at ``tp`` against the contexts of the last 10 minutes."""
+    s = st.settings
+    # External engines' memory is not known; the CPU lab's KV space is
+    # vllm.cpu_kv_cache_gib, not an accelerator's memory.
+    if role is not Role.DECODE or s.backend == "external" or s.hardware.is_cpu:
+        return []
+    c = st.requests.columns(600.0)
+    ok = c.select(c.ok)
+    contexts = ok.col("prompt_tokens") + ok.col("output_tokens")
+    m = profiles.model(s.model.name) if s.backend == "sim" else s.model_profile
+    fit = kvfit.fit(m, s.hardware.profile, tp, contexts,
+                    advisor.DEFAULT_ISL + advisor.DEFAULT_OSL)
+    return [fit.note()]
 
 
 @router.get("/pools/{role}", response_model=PoolPublic)

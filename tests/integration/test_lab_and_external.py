@@ -53,7 +53,7 @@ def test_lab_sim_starts_prints_and_stops_everything(tmp_path: Path) -> None:
         out = output.wait_for("pools ready", 60)
         assert f"http://127.0.0.1:{port}/v1" in out and f"http://127.0.0.1:{port}/api/v1" in out
         assert str((state / "token").resolve()) in out
-        assert "prefill 2 x TP4, decode 3 x TP2" in out
+        assert "prefill 2 x TP4, decode 3 x TP4" in out
         console = f"http://127.0.0.1:{console_port}"
         assert console in out
         deadline = time.monotonic() + 60

@@ -336,3 +336,21 @@ def test_gap_histogram_quantiles_within_a_bucket() -> None:
     q99 = h.quantile(h.snapshot() - before, 0.995)
     assert q99 is not None and q99 > 0.4
     assert h.quantile(h.snapshot() - h.snapshot(), 0.95) is None
+
+
+# ---- KV capacity -----------------------------------------------------------------------------
+
+def test_kv_fit_counts_contexts_and_calls_the_tp2_decode_of_70b_tight() -> None:
+    from controller import kvfit
+    from controller import profiles as hw
+
+    m, h100 = hw.model("llama-3-70b"), hw.hardware("h100-sxm")
+    contexts = np.array([3000.0] * 90 + [7000.0] * 10)
+    tp2 = kvfit.fit(m, h100, 2, contexts, 2560.0)
+    assert 34_000 < tp2.tokens_per_instance < 36_000
+    assert (tp2.sequences_at_p50, tp2.sequences_at_p99) == (11, 4)
+    assert tp2.tight and "memory, not compute, caps the decode batch" in tp2.note()
+    tp4 = kvfit.fit(m, h100, 4, contexts, 2560.0)
+    assert not tp4.tight and tp4.sequences_at_p99 > 60
+    assumed = kvfit.fit(m, h100, 4, np.array([]), 2560.0)
+    assert not assumed.observed and "assumed (no traffic yet)" in assumed.note()

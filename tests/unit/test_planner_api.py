@@ -142,3 +142,21 @@ def test_a_refused_change_is_recorded_in_the_plan_not_applied(app_state: Fixture
     out = st.planner.act(huge)
     assert not out.applied and out.error is not None and out.error.startswith("refused:")
     assert st.fleet.targets[Role.PREFILL].size == 1
+
+
+def test_a_decode_dry_run_says_what_the_kv_cache_holds_of_recent_contexts(
+        app_state: Fixture) -> None:
+    tc, st = app_state
+    busy(st, 50, 10.0)  # 3,150-token contexts
+    tp2 = tc.patch("/api/v1/pools/decode", params={"dry_run": "true"}, json={"size": 2}).json()
+    assert len(tp2["notes"]) == 1 and tp2["notes"][0].startswith(
+        "decode at TP2 holds 34,")
+    assert "memory, not compute, caps the decode batch" in tp2["notes"][0]
+    tp4 = tc.patch("/api/v1/pools/decode", params={"dry_run": "true"}, json={"tp": 4}).json()
+    assert "decode at TP4 holds" in tp4["notes"][0] and "caps" not in tp4["notes"][0]
+    prefill = tc.patch("/api/v1/pools/prefill", params={"dry_run": "true"},
+                       json={"size": 2}).json()
+    assert prefill["notes"] == []
+    advice = tc.get("/api/v1/advisor").json()
+    assert advice["kv_capacity"]["tp"] == 2 and advice["kv_capacity"]["tight"]
+    assert any("KV cache" in r for r in advice["verdict"]["reasons"])

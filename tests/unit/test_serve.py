@@ -34,6 +34,13 @@ def test_cpu_lab_defaults(tmp_path: Path) -> None:
     sim = serve.lab_settings(build_parser().parse_args(["lab", "--backend", "sim",
                                                         "--time-scale", "0.5"]))
     assert sim.model.name == "llama-3-70b" and sim.sim.time_scale == 0.5
+    # The sim lab decodes at TP4 (TP2 holds ~35k tokens of KV per instance); a config file
+    # keeps the configuration's own defaults.
+    assert (sim.pools.prefill.tp, sim.pools.decode.tp) == (4, 4)
+    cfg = tmp_path / "sim.yaml"
+    cfg.write_text("backend: sim\n")
+    own = serve.lab_settings(build_parser().parse_args(["lab", "--config", str(cfg)]))
+    assert own.pools.decode.tp == 2
 
 
 def test_the_controller_raises_its_open_file_limit_to_the_hard_one() -> None:
