@@ -29,6 +29,7 @@ def ctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerProc]:
         "sim": {"time_scale": 1.0, "startup_delay_s": 0.3},
         "planner": {"mode": "apply", "interval_s": 4.0, "ttft_ms": 1500.0, "itl_ms": 60.0,
                     "min_requests": 3},
+        "routing": {"prefill_policy": "least_loaded"},  # docs/planner.md: routing
         "controller": {"drain_timeout_s": 60}})
     yield c
     c.stop()
