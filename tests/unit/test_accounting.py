@@ -70,3 +70,12 @@ def test_engine_times_parse_rejects_garbage() -> None:
     assert EngineTimes.parse({"queue_time_ms": "x"}) is None
     t = EngineTimes.parse({"queue_time_ms": 1, "time_to_first_token_ms": 2, "mean_itl_ms": 3})
     assert t == EngineTimes(1.0, 2.0, 3.0, None)
+
+
+def test_gap_summary_is_the_nearest_rank_p99_and_the_worst_gap() -> None:
+    from controller.router.accounting import gap_summary
+
+    assert gap_summary(None) == (0.0, 0.0, 0) == gap_summary([])
+    assert gap_summary([0.01] * 99 + [0.5]) == (10.0, 500.0, 100)
+    assert gap_summary([0.02] * 98 + [0.4, 0.5]) == (400.0, 500.0, 100)
+    assert gap_summary([0.03]) == (30.0, 30.0, 1)
