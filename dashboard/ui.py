@@ -222,6 +222,18 @@ def explain(exc: ApiError, cfg: ConsoleConfig | None = None) -> str:
     return f"The controller answered {exc.status}: {exc.detail}"
 
 
+def change_outcome(ok: bool, body: Any) -> None:
+    """A change's result: a toast when it was sent, else the controller's refusal verbatim
+    (or why it could not be reached)."""
+    if ok:
+        st.toast(str(body), icon=":material/check_circle:")
+    elif isinstance(body, ApiError) and body.refused:
+        st.error(f"Refused by the controller (HTTP {body.status}); nothing was changed:\n\n"
+                 f"{body.detail}", icon=":material/block:")
+    else:
+        st.error(explain(body), icon=":material/block:")
+
+
 def card_error(exc: ApiError) -> None:
     """Inside a live card: short, since the page banner explains connection problems."""
     if exc.unreachable or exc.unauthorized:

@@ -87,14 +87,9 @@ def show_outcome(section: str) -> None:
     if not outcome or outcome[0] != section:
         return
     _, ok, body = outcome
+    ui.change_outcome(ok, body)
     if ok:
-        st.toast(str(body), icon=":material/check_circle:")
         st.session_state.pop(OUTCOME, None)
-    elif isinstance(body, ApiError) and body.refused:
-        st.error(f"Refused by the controller (HTTP {body.status}); nothing was changed:\n\n"
-                 f"{body.detail}", icon=":material/block:")
-    else:
-        st.error(ui.explain(body), icon=":material/block:")
 
 
 def show_pending(section: str) -> None:

@@ -33,14 +33,9 @@ def _outcome() -> None:
     if not held:
         return
     ok, body = held
+    ui.change_outcome(ok, body)
     if ok:
-        st.toast(str(body), icon=":material/check_circle:")
         st.session_state.pop(OUTCOME, None)
-    elif isinstance(body, ApiError) and body.refused:
-        st.error(f"Refused by the controller (HTTP {body.status}); nothing was changed:\n\n"
-                 f"{body.detail}", icon=":material/block:")
-    else:
-        st.error(ui.explain(body), icon=":material/block:")
 
 
 def _confirm() -> None:
