@@ -101,6 +101,7 @@ class Options:
     start_timeout: float = 180.0  # controller start_timeout_s per instance
     idle: float = 5.0  # seconds of idle CPU measurement with the fleet ready
     engine_nice: int = 0
+    sim_processes: int = 2  # sim.processes: host processes for all engines; 0: one each
     seed: int = 1
     keep: bool = False  # keep the work directory (logs)
 
@@ -109,6 +110,10 @@ class Options:
         if quick:
             return Options(rate=200.0, duration=10.0, warmup=4.0, prefill=4, decode=12)
         return Options()
+
+
+def _processes(n: int) -> str:
+    return f"engines on {n} sim host process(es)" if n else "a process per engine"
 
 
 def nodes_for(prefill: int, decode: int) -> int:
@@ -125,7 +130,7 @@ def controller_config(o: Options) -> dict[str, Any]:
         "pools": {"prefill": {"size": o.prefill, "tp": PREFILL_TP},
                   "decode": {"size": o.decode, "tp": DECODE_TP}},
         "routing": {"disagg_min_prompt_tokens": 512},
-        "sim": {"time_scale": o.time_scale},
+        "sim": {"time_scale": o.time_scale, "processes": o.sim_processes},
         # Everything else at its default (health every 2 s, engine /metrics every 1 s), except
         # a start limit that 64 engines starting at once on 2 shared cores can meet.
         "controller": {"start_timeout_s": float(o.start_timeout)},
@@ -548,7 +553,8 @@ def report(res: ScaleResult) -> str:
     rows: list[tuple[str, str]] = [
         ("fleet", f"{o.prefill} prefill x TP{PREFILL_TP} + {o.decode} decode x TP{DECODE_TP}"
                   f" on {res.nodes} nodes x {PER_NODE} ({MODEL}, {HARDWARE}, time_scale "
-                  f"{o.time_scale}, engine nice {o.engine_nice}; modelled prefill capacity "
+                  f"{o.time_scale}, engine nice {o.engine_nice}, "
+                  f"{_processes(o.sim_processes)}; modelled prefill capacity "
                   f"~{res.modelled_prefill_capacity_rps:.0f} req/s)")]
     if f is not None:
         rows.append(("fleet start (all ready)",
@@ -697,6 +703,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--engine-nice", type=int, default=0,
                     help="renice the engine processes (e.g. 10) so that the controller and the "
                          "client win the CPU, as if the engines ran on other hosts")
+    ap.add_argument("--sim-processes", type=int, default=2,
+                    help="sim.processes: processes hosting all the engines (default "
+                         "%(default)s); 0: a process per engine")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
 
@@ -711,6 +720,7 @@ def options_from(args: argparse.Namespace) -> Options:
     o.max_tokens, o.stream_share, o.timeout = args.max_tokens, args.stream_share, args.timeout
     o.max_inflight, o.start_timeout, o.idle = args.max_inflight, args.start_timeout, args.idle
     o.engine_nice, o.seed, o.keep = args.engine_nice, args.seed, args.keep
+    o.sim_processes = args.sim_processes
     return o
 
 

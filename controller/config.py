@@ -150,6 +150,10 @@ class SimSettings(Strict):
     time_scale: float = Field(1.0, gt=0, description="wall seconds per modelled second")
     kv_load_failure_policy: Literal["fail", "recompute"] = "fail"
     startup_delay_s: float = Field(0.5, ge=0)
+    processes: int = Field(0, ge=0, le=64, description=(
+        "0: each simulated instance is a process of its own; N: N host processes run them "
+        "all, each instance still on its own port with its own API, metrics and log (a large "
+        "simulated fleet costs the machine far less; launcher local only)"))
 
 
 class VllmSettings(Strict):
@@ -336,6 +340,9 @@ class Settings(BaseSettings):
     def _external_urls(self) -> Settings:
         if self.backend == "external" and self.launcher != "local":
             raise ValueError("backend external runs nowhere: launcher must be local")
+        if self.sim.processes and self.launcher != "local":
+            raise ValueError("sim.processes hosts engines on this machine: launcher must be "
+                             "local (on Ray each engine is an actor's process)")
         if self.backend == "external":
             for name in ("prefill", "decode"):
                 pool: PoolSettings = getattr(self.pools, name)

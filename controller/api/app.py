@@ -35,6 +35,7 @@ from controller.launchers.base import EngineKind, Launcher
 from controller.launchers.external import ExternalLauncher
 from controller.launchers.process import ProcessLauncher
 from controller.launchers.sim import SimEngine
+from controller.launchers.sim_host import SimHostLauncher
 from controller.launchers.vllm import VllmEngine
 from controller.metrics import Metrics
 from controller.models import Role
@@ -75,6 +76,8 @@ def make_launcher(settings: Settings) -> Launcher:
         from controller.launchers.ray import RayLauncher  # noqa: PLC0415 - imports Ray
 
         return RayLauncher(settings, engine)
+    if settings.backend == "sim" and settings.sim.processes:
+        return SimHostLauncher(settings)
     return ProcessLauncher(engine)
 
 

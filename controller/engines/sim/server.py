@@ -27,7 +27,7 @@ from controller.signals import clean_stop_signals
 GRACEFUL_SHUTDOWN_S = 2
 
 
-def _advertised_host(host: str) -> str:
+def advertised_host(host: str) -> str:
     """The host decode engines dial for KV: a wildcard bind is reached on loopback."""
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
@@ -58,7 +58,7 @@ def create_app(cfg: SimEngineConfig,
         Route(RELEASE_PATH, routes.kv_release, methods=["POST"]),
         Route(HEARTBEAT_PATH, routes.kv_heartbeat, methods=["POST"]),
     ], lifespan=lifespan)
-    kv_endpoint = {"remote_engine_id": engine_id, "remote_host": _advertised_host(cfg.host),
+    kv_endpoint = {"remote_engine_id": engine_id, "remote_host": advertised_host(cfg.host),
                    "remote_port": cfg.port, "tp_size": cfg.tp}
     app.state.sim = routes.SimState(cfg, engine, time.monotonic() + cfg.startup_delay_s,
                                     int(time.time()), kv_endpoint)
