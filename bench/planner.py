@@ -157,7 +157,7 @@ def base_config(nodes: int, scale: float) -> dict[str, Any]:
         "backend": "sim",
         "model": {"name": MODEL},
         "hardware": {"accelerator": "h100-sxm", "nodes": nodes, "kv_link": "ib-ndr"},
-        "sim": {"time_scale": scale, "startup_delay_s": 0.5},
+        "sim": {"time_scale": scale, "startup_delay_s": 0.5, "processes": 2},
         # least_loaded prefill: after a scale-up, round robin keeps sending a backlogged
         # instance its share, and its queue never drains (measured: TTFT p95 46 s with 22
         # prefill instances where 6 carry the load).

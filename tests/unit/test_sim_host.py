@@ -90,20 +90,15 @@ async def test_kv_pull_between_engines_of_one_host_stays_in_process(
             "kv_transfer_params": hop1})).json()
         params = {**first["kv_transfer_params"], "do_remote_prefill": True,
                   "do_remote_decode": False}
-        pulled = []
-        real = h.app_at
-
-        def spy(host_: str, port: int | None) -> object:
-            app = real(host_, port)
-            pulled.append((port, app is not None))
-            return app
-        h.app_at = spy  # type: ignore[method-assign]
         second = await net.post(f"{d['url']}/v1/completions", json={
             "model": "llama-3-8b", "prompt": prompt, "max_tokens": 4,
             "kv_transfer_params": params})
     assert second.status_code == 200, second.text
     assert second.json()["usage"]["completion_tokens"] == 4
-    assert (p["port"], True) in pulled  # the pull found the prefill app in this process
+    # The pull called the prefill engine of this process: the decode engine never needed an
+    # HTTP client for its side channel.
+    assert h.engines["D"].app.state.sim.engine._puller._client is None
+    assert h.engine_at("127.0.0.1", p["port"]) is h.engines["P"].app.state.sim.engine
     async with httpx.AsyncClient() as net:
         metrics = (await net.get(f"{d['url']}/metrics")).text
     assert 'vllm:prompt_tokens_by_source_total{model_name="llama-3-8b",source=' \

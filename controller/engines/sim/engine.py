@@ -25,7 +25,7 @@ from typing import Any
 from controller import profiles
 from controller.engines.sim.config import SimEngineConfig
 from controller.engines.sim.cost import step_duration
-from controller.engines.sim.kv_pull import PULL_TIMEOUT_S, KvPuller, KvPullError
+from controller.engines.sim.kv_pull import PULL_TIMEOUT_S, KvPuller, KvPullError, KvRefused
 from controller.engines.sim.metrics import SimMetrics
 from controller.engines.sim.protocol import ApiError, KvLoadFailure, RemoteKv, SimRequest
 from controller.engines.sim.scheduler import Handle, Scheduler, Seq, StepPlan, StepResult
@@ -36,13 +36,6 @@ from controller.engines.sim.stream import RequestStream
 MAX_LAG_S = 0.01
 
 logger = logging.getLogger(__name__)
-
-
-class KvRefused(Exception):
-    """The side channel refuses a call: another engine id, or other blocks than the handle's.
-
-    vLLM's handshake with a wrong engine fails; the decode engine's pull fails loudly.
-    """
 
 
 def capacity_blocks(cfg: SimEngineConfig) -> int:

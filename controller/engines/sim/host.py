@@ -3,9 +3,9 @@
 A fleet of simulated instances as one process each costs the machine an event loop, an
 interpreter and a set of pollers per instance. A host runs them all on one event loop; what
 a client, the controller or Prometheus sees of each engine is unchanged (its own port, its
-own ``/metrics`` registry, its own NIXL engine id). KV pulls between two engines of the same
-host are delivered in-process (the modelled transfer time is unchanged); pulls from an engine
-elsewhere go over HTTP as before.
+own ``/metrics`` registry, its own NIXL engine id). A KV pull between two engines of the same
+host calls the prefill engine's side channel directly (the modelled transfer time is
+unchanged); pulls from an engine elsewhere go over HTTP as before.
 
 The host's control API (its own port):
 
@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-import httpx
 import uvicorn
 from prometheus_client import disable_created_metrics
 from starlette.applications import Starlette
@@ -47,6 +46,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from controller.engines.sim.config import ConfigError
+from controller.engines.sim.engine import SimEngine
 from controller.engines.sim.server import (
     GRACEFUL_SHUTDOWN_S,
     add_arguments,
@@ -87,23 +87,6 @@ class _Server(uvicorn.Server):
 
     def install_signal_handlers(self) -> None:  # uvicorn before 0.29
         return None
-
-
-class _InHost(httpx.AsyncBaseTransport):
-    """An engine's KV client: engines of this host in-process, any other over the network."""
-
-    def __init__(self, host: SimHost) -> None:
-        self._host = host
-        self._net = httpx.AsyncHTTPTransport()
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        local = self._host.app_at(request.url.host, request.url.port)
-        if local is None:
-            return await self._net.handle_async_request(request)
-        return await httpx.ASGITransport(app=local).handle_async_request(request)
-
-    async def aclose(self) -> None:
-        await self._net.aclose()
 
 
 @dataclass
@@ -150,11 +133,13 @@ class SimHost:
     def __init__(self) -> None:
         self.engines: dict[str, Hosted] = {}
 
-    def app_at(self, host: str, port: int | None) -> Starlette | None:
+    def engine_at(self, host: str, port: int) -> SimEngine | None:
+        """The running engine of this process that serves ``host:port``, if any."""
         for e in self.engines.values():
             if e.port == port and host in (e.host, advertised_host(e.host)) \
                     and not e.task.done():
-                return e.app
+                engine: SimEngine = e.app.state.sim.engine
+                return engine
         return None
 
     async def start(self, args: list[str], log_path: str | None) -> Hosted:
@@ -177,7 +162,7 @@ class SimHost:
             sock.close()
             raise
         handler = _file_log(log_path, self._formatter())
-        app = create_app(cfg, kv_transport=_InHost(self))
+        app = create_app(cfg, kv_peers=self.engine_at)
         server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
         ctx = contextvars.copy_context()

@@ -12,12 +12,15 @@ The simulator's "side channel" is the prefill engine's own HTTP port:
 - ``POST /sim/kv/heartbeat`` renews the leases of handles a decode engine still waits on.
 
 The transfer time itself is modelled by the caller from the bytes and the link profile.
+A prefill engine that lives in the same process (a sim host's engines) is called directly
+(``peers``): the same calls, without HTTP.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -27,6 +30,28 @@ PULL_PATH = "/sim/kv/pull"
 RELEASE_PATH = "/sim/kv/release"
 HEARTBEAT_PATH = "/sim/kv/heartbeat"
 PULL_TIMEOUT_S = 10.0
+
+
+class KvRefused(Exception):
+    """The side channel refuses a call: another engine id, or other blocks than the handle's.
+
+    vLLM's handshake with a wrong engine fails; the decode engine's pull fails loudly.
+    """
+
+
+class SideChannel(Protocol):
+    """The prefill side of the calls, as an engine in this process serves them."""
+
+    def serve_pull(self, seq_id: str, engine_id: str, block_ids: list[int]) -> Any: ...
+
+    def serve_release(self, seq_id: str, engine_id: str) -> bool: ...
+
+    def serve_heartbeat(self, engine_id: str, seq_ids: list[str]) -> int: ...
+
+    def kv_bytes(self, prompt_tokens: int) -> int: ...
+
+
+Peers = Callable[[str, int], "SideChannel | None"]
 
 
 class KvPullError(Exception):
@@ -65,9 +90,14 @@ def _detail(resp: httpx.Response) -> str:
 class KvPuller:
     """Talks to prefill engines' side channels with one pooled client (created on first use)."""
 
-    def __init__(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, transport: httpx.AsyncBaseTransport | None = None,
+                 peers: Peers | None = None) -> None:
         self._transport = transport
+        self._peers = peers
         self._client: httpx.AsyncClient | None = None
+
+    def _peer(self, host: str, port: int) -> SideChannel | None:
+        return None if self._peers is None else self._peers(host, port)
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -76,6 +106,16 @@ class KvPuller:
 
     async def pull(self, remote: RemoteKv) -> PullResult:
         where = f"{remote.host}:{remote.port}"
+        peer = self._peer(remote.host, remote.port)
+        if peer is not None:
+            try:
+                handle = peer.serve_pull(remote.request_id, remote.engine_id, remote.block_ids)
+            except KvRefused as exc:
+                raise KvPullError(f"KV handshake with engine {remote.engine_id!r} at {where} "
+                                  f"failed: {exc}") from exc
+            if handle is None:
+                return PullResult(0, 0, stale=True)
+            return PullResult(handle.prompt_tokens, peer.kv_bytes(handle.prompt_tokens))
         body = {"remote_request_id": remote.request_id, "remote_engine_id": remote.engine_id,
                 "remote_block_ids": remote.block_ids}
         try:
@@ -98,14 +138,31 @@ class KvPuller:
 
     async def release(self, remote: RemoteKv) -> None:
         """Tell the prefill its handle will not be read; ``KvPullError`` if that failed."""
+        peer = self._peer(remote.host, remote.port)
+        if peer is not None:
+            self._local(peer.serve_release, remote.host, remote.port, RELEASE_PATH,
+                        remote.request_id, remote.engine_id)
+            return
         body = {"remote_request_id": remote.request_id, "remote_engine_id": remote.engine_id}
         await self._notify(remote.host, remote.port, RELEASE_PATH, body, PULL_TIMEOUT_S)
 
     async def heartbeat(self, host: str, port: int, engine_id: str, request_ids: list[str],
                         timeout_s: float) -> None:
         """Renew the leases of ``request_ids`` on one prefill; ``KvPullError`` on failure."""
+        peer = self._peer(host, port)
+        if peer is not None:
+            self._local(peer.serve_heartbeat, host, port, HEARTBEAT_PATH, engine_id,
+                        request_ids)
+            return
         body = {"remote_engine_id": engine_id, "request_ids": request_ids}
         await self._notify(host, port, HEARTBEAT_PATH, body, timeout_s)
+
+    @staticmethod
+    def _local(call: Callable[..., Any], host: str, port: int, path: str, *args: Any) -> None:
+        try:
+            call(*args)
+        except KvRefused as exc:
+            raise KvPullError(f"prefill engine {host}:{port} refused {path}: {exc}") from exc
 
     async def _notify(self, host: str, port: int, path: str, body: dict[str, Any],
                       timeout_s: float) -> None:

@@ -23,7 +23,8 @@ from starlette.types import Receive, Scope, Send
 from controller import profiles
 from controller.engines.sim import responses as out
 from controller.engines.sim.config import SimEngineConfig
-from controller.engines.sim.engine import KvRefused, SimEngine
+from controller.engines.sim.engine import SimEngine
+from controller.engines.sim.kv_pull import KvRefused
 from controller.engines.sim.protocol import (
     ApiError,
     SimRequest,

@@ -20,7 +20,13 @@ from controller import profiles
 from controller.engines.sim import routes
 from controller.engines.sim.config import ConfigError, SimEngineConfig, validate_config
 from controller.engines.sim.engine import SimEngine
-from controller.engines.sim.kv_pull import HEARTBEAT_PATH, PULL_PATH, RELEASE_PATH, KvPuller
+from controller.engines.sim.kv_pull import (
+    HEARTBEAT_PATH,
+    PULL_PATH,
+    RELEASE_PATH,
+    KvPuller,
+    Peers,
+)
 from controller.engines.sim.metrics import SimMetrics
 from controller.signals import clean_stop_signals
 
@@ -32,15 +38,16 @@ def advertised_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
-def create_app(cfg: SimEngineConfig,
-               kv_transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
-    """The engine's Starlette app. ``kv_transport`` lets tests route KV pulls in-process.
+def create_app(cfg: SimEngineConfig, kv_transport: httpx.AsyncBaseTransport | None = None,
+               kv_peers: Peers | None = None) -> Starlette:
+    """The engine's Starlette app. ``kv_transport`` lets tests route KV pulls in-process;
+    ``kv_peers`` finds prefill engines of this process, whose side channel is called directly.
 
     Raises ``ConfigError`` for a config that names unknown profiles or does not fit.
     """
     validate_config(cfg)
     engine_id = cfg.engine_id or uuid.uuid4().hex
-    engine = SimEngine(cfg, engine_id, SimMetrics(cfg.model_name), KvPuller(kv_transport))
+    engine = SimEngine(cfg, engine_id, SimMetrics(cfg.model_name), KvPuller(kv_transport, kv_peers))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
