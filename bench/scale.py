@@ -3,7 +3,9 @@ at 1,000 requests/s open-loop.
 
 The controller is a real process started with a YAML config (backend ``sim``: Llama-3-70B on
 H100 SXM, prefill TP4, decode TP2, 8 accelerators per node and just enough nodes for the
-fleet), and it starts every engine itself as a real ``controller.engines.sim`` process. The
+fleet), and it starts every engine itself: on two sim host processes (``sim.processes`` 2,
+each engine on its own port; ``--sim-processes 0``: a ``controller.engines.sim`` process per
+engine, as before). The
 load generator (``bench.loadgen.OpenLoop``) in this process sends open-loop arrivals (Poisson
 by default) at the offered rate, warms up, then measures a window:
 
@@ -70,8 +72,8 @@ from controller import profiles
 
 TITLE = "Scale: 16 prefill + 48 decode simulated 70B/H100 instances"
 ABOUT = ("`pdctl controller` starts 16 prefill (TP4) and 48 decode (TP2) simulated "
-         "Llama-3-70B/H100 instances on 20 nodes x 8 and is driven open-loop at 1,000 "
-         "requests/s (Poisson). Reported: achieved rate, errors, TTFT, where the CPU went, "
+         "Llama-3-70B/H100 instances on 20 nodes x 8 (hosted by two sim host processes, "
+         "`sim.processes`) and is driven open-loop at 1,000 requests/s (Poisson). Reported: achieved rate, errors, TTFT, where the CPU went, "
          "and the routing decision's latency from `pdctl_routing_decision_seconds`.")
 
 MODEL = "llama-3-70b"
