@@ -69,6 +69,7 @@ class Options:
     ttft_ms: float = 2000.0
     itl_ms: float = 60.0
     nodes: int = 16
+    prefill_max_inflight: int = 4  # routing.prefill_max_inflight in the stepped load (0: off)
     pd_scale: float = 1.0
     pd_rates: tuple[float, ...] = (2.0, 5.0, 9.0)
     pd_seconds: float = 90.0
@@ -179,6 +180,10 @@ def payload(prompt_tokens: int, output_tokens: int, stream: bool, rng: random.Ra
 def run_step(o: Options, work: Path) -> StepResult:
     cfg = base_config(o.nodes, o.step_scale)
     cfg["pools"] = {"prefill": {"size": 1, "tp": 4}, "decode": {"size": 1, "tp": 2}}
+    # The router's prefill queue: a backlog waits in the router, not in the one engine it was
+    # sent to, so instances the planner adds take it at once (2-3 such prompts fill a step of
+    # 8,192 tokens; 4 keep the engine fed).
+    cfg["routing"]["prefill_max_inflight"] = o.prefill_max_inflight
     cfg["planner"] = {"mode": "apply", "interval_s": o.interval_s, "ttft_ms": o.ttft_ms,
                       "itl_ms": o.itl_ms, "min_requests": 5, "predictor": "constant"}
     rates = (o.low, o.high, o.low)
@@ -187,7 +192,8 @@ def run_step(o: Options, work: Path) -> StepResult:
         steps.append((t, rate))
         t += n * o.interval_s
     res = StepResult(options={k: getattr(o, k) for k in (
-        "step_scale", "interval_s", "low", "high", "phases", "ttft_ms", "itl_ms", "nodes")},
+        "step_scale", "interval_s", "low", "high", "phases", "ttft_ms", "itl_ms", "nodes",
+        "prefill_max_inflight")},
         steps=steps)
     rng = random.Random(o.seed)
     shutil.rmtree(work, ignore_errors=True)  # a fresh state: no stored pools, no old events
@@ -480,8 +486,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.planner", description=__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", choices=["step", "pd"])
+    ap.add_argument("--prefill-max-inflight", type=int, default=None,
+                    help="routing.prefill_max_inflight in the stepped load (default 4; 0: "
+                         "no router prefill queue)")
     args = ap.parse_args(argv)
     o = Options.defaults(args.quick)
+    if args.prefill_max_inflight is not None:
+        o.prefill_max_inflight = args.prefill_max_inflight
     with interrupt_on_signals():
         if args.only == "pd":
             res = PlannerBench(StepResult({}, []), run_pd(o, RESULTS / "planner-work" / "pd"))

@@ -73,8 +73,9 @@ from controller import profiles
 TITLE = "Scale: 16 prefill + 48 decode simulated 70B/H100 instances"
 ABOUT = ("`pdctl controller` starts 16 prefill (TP4) and 48 decode (TP2) simulated "
          "Llama-3-70B/H100 instances on 20 nodes x 8 (hosted by two sim host processes, "
-         "`sim.processes`) and is driven open-loop at 1,000 requests/s (Poisson). Reported: achieved rate, errors, TTFT, where the CPU went, "
-         "and the routing decision's latency from `pdctl_routing_decision_seconds`.")
+         "`sim.processes`) and is driven open-loop at 1,000 requests/s (Poisson). Reported: "
+         "achieved rate, errors, TTFT, where the CPU went, and the routing decision's latency "
+         "from `pdctl_routing_decision_seconds`.")
 
 MODEL = "llama-3-70b"
 HARDWARE = "h100-sxm"

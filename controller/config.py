@@ -131,6 +131,16 @@ class RoutingSettings(Strict):
     max_inflight_per_instance: int = Field(0, ge=0, le=1_000_000, description=(
         "requests the router has in flight on one instance; a full instance gets no new one "
         "(a full prefill pool: served colocated; a full decode pool: 429) (0: no limit)"))
+    prefill_max_inflight: int = Field(0, ge=0, le=100_000, description=(
+        "prompts the router has in flight on one prefill instance; beyond that, requests wait "
+        "in the router, first come first served, for a slot on any prefill instance (one that "
+        "becomes ready meanwhile included), so that a backlog does not sit in one engine's "
+        "queue after the pool grows; the wait counts in the queue part of TTFT (0: no limit, "
+        "no router queue)"))
+    prefill_queue_timeout_s: float = Field(30.0, gt=0, le=3600, allow_inf_nan=False,
+                                           description=(
+        "longest a request waits in the router for a prefill slot; then it is served "
+        "colocated"))
 
 
 class KvSettings(Strict):

@@ -145,8 +145,10 @@ class AdmissionCollector(Collector):
     """Requests in flight in the controller and the admission limits, read at scrape time."""
 
     def __init__(self, inflight: Callable[[], int],
-                 limits: Callable[[], tuple[int, int]]) -> None:
+                 limits: Callable[[], tuple[int, int]],
+                 prefill_waiting: Callable[[], int] = lambda: 0) -> None:
         self._inflight, self._limits = inflight, limits
+        self._prefill_waiting = prefill_waiting
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         total, per_instance = self._limits()
@@ -158,6 +160,9 @@ class AdmissionCollector(Collector):
         yield GaugeMetricFamily("pdctl_inflight_per_instance_limit",
                                 "routing.max_inflight_per_instance (0: no limit)",
                                 value=per_instance)
+        yield GaugeMetricFamily("pdctl_prefill_queue_waiting",
+                                "Requests waiting in the router for a prefill slot "
+                                "(routing.prefill_max_inflight)", value=self._prefill_waiting())
 
 
 class Metrics:
@@ -205,8 +210,9 @@ class Metrics:
         self.registry.register(FleetCollector(fleet))
 
     def attach_admission(self, inflight: Callable[[], int],
-                         limits: Callable[[], tuple[int, int]]) -> None:
-        self.registry.register(AdmissionCollector(inflight, limits))
+                         limits: Callable[[], tuple[int, int]],
+                         prefill_waiting: Callable[[], int] = lambda: 0) -> None:
+        self.registry.register(AdmissionCollector(inflight, limits, prefill_waiting))
 
     def observe(self, rec: RequestRecord, gaps: Sequence[float] | None = None) -> None:
         self.requests.labels(rec.path.value, rec.status).inc()

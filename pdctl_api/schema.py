@@ -177,6 +177,8 @@ class RoutingPublic(Public):
     request_timeout_s: float
     max_inflight: int = 0  # 0: no limit (also what an older controller means)
     max_inflight_per_instance: int = 0
+    prefill_max_inflight: int = 0  # 0: no router prefill queue (also an older controller)
+    prefill_queue_timeout_s: float = 30.0
 
 
 class ClusterPublic(Public):
@@ -322,6 +324,7 @@ class AdmissionPublic(Public):
     max_inflight: int
     max_inflight_per_instance: int
     refused_total: int
+    prefill_waiting: int = 0  # in the router's prefill queue (0 from an older controller)
 
 
 class StatsPublic(Public):
@@ -588,6 +591,13 @@ class RoutingUpdate(_Update):
         "client requests in flight in the controller; more are answered 429 (0: no limit)"))
     max_inflight_per_instance: int | SkipJsonSchema[None] = Field(
         None, ge=0, le=1_000_000, description="requests in flight on one instance (0: no limit)")
+    prefill_max_inflight: int | SkipJsonSchema[None] = Field(
+        None, ge=0, le=100_000, description=(
+            "prompts in flight on one prefill instance; more wait in the router's prefill "
+            "queue (0: no limit, no queue)"))
+    prefill_queue_timeout_s: float | SkipJsonSchema[None] = Field(
+        None, gt=0, le=3600, allow_inf_nan=False, description=(
+            "longest wait in the router's prefill queue; then served colocated"))
 
 
 ROUTING_FIELDS = tuple(RoutingUpdate.model_fields)

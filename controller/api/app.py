@@ -94,7 +94,8 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
     proxy = Proxy(settings, table, upstream,
                   make_counter(settings.model.path, settings.backend), requests, metrics)
     metrics.attach_admission(lambda: proxy.inflight, lambda: (
-        table.settings.max_inflight, table.settings.max_inflight_per_instance))
+        table.settings.max_inflight, table.settings.max_inflight_per_instance),
+        lambda: table.prefill_waiting)
     writes = asyncio.Lock()
     planner = Planner(settings, fleet, requests, metrics, store, writes,
                       arrivals=lambda: (proxy.arrived, proxy.arrived_prompt_tokens))

@@ -266,7 +266,8 @@ async def get_stats(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)
     rs = st.table.settings
     out["admission"] = {"inflight": st.proxy.inflight, "max_inflight": rs.max_inflight,
                         "max_inflight_per_instance": rs.max_inflight_per_instance,
-                        "refused_total": st.proxy.refused_total}
+                        "refused_total": st.proxy.refused_total,
+                        "prefill_waiting": st.table.prefill_waiting}
     out["kv_integrity"] = st.lease_watch.summary(window_s)
     return StatsPublic.model_validate(out)
 

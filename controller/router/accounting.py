@@ -3,8 +3,9 @@ the router's own timestamps and the engines' per-request metrics (``account``).
 
 Parts (milliseconds), always summing exactly to ``ttft_ms``:
 
-- ``queue_ms``: the engine's wait before it scheduled the request -- the prefill engine's
-  ``queue_time_ms`` on the disaggregated path, the decode engine's on the colocated path.
+- ``queue_ms``: the wait before an engine scheduled the request -- the prefill engine's
+  ``queue_time_ms`` on the disaggregated path, the decode engine's on the colocated path --
+  plus the wait in the router's prefill queue (``routing.prefill_max_inflight``).
 - ``prefill_ms``: scheduled -> first token on the engine that computed the prompt
   (``time_to_first_token_ms``).
 - ``transfer_ms``: the KV pull on the decode engine. Taken from the engine when it reports it
@@ -81,6 +82,7 @@ class Observation:
     decode: EngineTimes | None = None
     decode_wall_to_first_ms: float = 0.0
     transfer_model_ms: float = 0.0
+    router_queue_ms: float = 0.0
 
 
 def _disaggregated(o: Observation) -> tuple[float, float, float, float]:
@@ -109,6 +111,7 @@ def _colocated(o: Observation) -> tuple[float, float, float, float]:
 
 def breakdown(o: Observation) -> Breakdown:
     parts = [max(0.0, x) for x in (_disaggregated(o) if o.disaggregated else _colocated(o))]
+    parts[0] += max(0.0, o.router_queue_ms)
     ttft = max(0.0, o.ttft_ms)
     total = sum(parts)
     if total > ttft and total > 0:
@@ -156,6 +159,7 @@ class Measured:
     decode_instance: str | None
     prefill_times: EngineTimes | None = None
     prefill_wall_ms: float = 0.0
+    router_queue_ms: float = 0.0  # waited in the router for a prefill slot
     decode_recent_xfer_ms: float = 0.0  # the decode engine's recent mean NIXL transfer time
     retries: int = 0
     kv_handle: str | None = None
@@ -195,7 +199,8 @@ def account(m: Measured, costs: KvCosts) -> RequestRecord:
     b = breakdown(Observation(
         ttft_ms=ttft, disaggregated=disagg, prefill=m.prefill_times,
         prefill_wall_ms=m.prefill_wall_ms, decode=decode_times,
-        decode_wall_to_first_ms=to_first, transfer_model_ms=transfer_model_ms))
+        decode_wall_to_first_ms=to_first, transfer_model_ms=transfer_model_ms,
+        router_queue_ms=m.router_queue_ms))
     gap_p99, gap_max, n_gaps = gap_summary(m.gaps)
     return RequestRecord(
         id=m.rid, started_at=m.started_at, endpoint=m.endpoint, path=m.path, status=m.status,

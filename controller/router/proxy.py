@@ -239,20 +239,44 @@ class Proxy:
     async def open(self, ctx: Ctx) -> Stream:
         """Choose the decode instance, run the prefill hop (disaggregated path) and open the
         decode hop: a live stream (streaming, status 200) or the whole answer."""
-        first = self.table.pick(Role.DECODE, set())
-        if first is None:
-            raise self._no_decode()
-        self._assign_decode(ctx, first)
-        threshold = self.table.settings.disagg_min_prompt_tokens
-        if ctx.prompt_tokens >= threshold and self.table.ready(Role.PREFILL):
-            ctx.path = RequestPath.DISAGGREGATED  # also when cancelled during the prefill hop
-            done = await self._prefill(ctx)
-            if done is not None:
-                resp = await self._decode_with_kv(ctx, done)
-                if resp is not None:
-                    return resp
-            ctx.path = RequestPath.COLOCATED
-        return await self._colocated(ctx)
+        settings = self.table.settings
+        disagg = ctx.prompt_tokens >= settings.disagg_min_prompt_tokens \
+            and bool(self.table.ready(Role.PREFILL))
+        slot: Lease | None = None
+        if disagg and settings.prefill_max_inflight:
+            slot = await self._prefill_slot(ctx)
+            disagg = slot is not None
+        try:
+            first = self.table.pick(Role.DECODE, set())
+            if first is None:
+                raise self._no_decode()
+            self._assign_decode(ctx, first)
+            if disagg:
+                ctx.path = RequestPath.DISAGGREGATED  # also when cancelled during the hop
+                taken, slot = slot, None  # the prefill hop owns the slot now
+                done = await self._prefill(ctx, taken)
+                if done is not None:
+                    resp = await self._decode_with_kv(ctx, done)
+                    if resp is not None:
+                        return resp
+                ctx.path = RequestPath.COLOCATED
+            return await self._colocated(ctx)
+        finally:
+            if slot is not None:
+                slot.release()
+
+    async def _prefill_slot(self, ctx: Ctx) -> Lease | None:
+        """Wait in the router's prefill queue; None: served colocated (waited too long, or
+        no prefill instance is ready)."""
+        t = time.perf_counter()
+        timeout = self.table.settings.prefill_queue_timeout_s
+        slot = await self.table.prefill_slot(timeout)
+        ctx.router_queue_ms = (time.perf_counter() - t) * 1e3
+        if slot is None:
+            log.warning("%s: no prefill slot within %.1f s (routing.prefill_max_inflight %d); "
+                        "serving colocated", ctx.rid, ctx.router_queue_ms / 1e3,
+                        self.table.settings.prefill_max_inflight)
+        return slot
 
     async def close(self) -> None:
         """Wait briefly for the releases in flight; cancel what is left."""
@@ -285,16 +309,19 @@ class Proxy:
             lease.release()
         ctx.decode, ctx.decode_lease = inst, self.table.lease(inst)
 
-    async def _prefill(self, ctx: Ctx) -> PrefillDone | None:
+    async def _prefill(self, ctx: Ctx, slot: Lease | None = None) -> PrefillDone | None:
+        """The prefill hop, tried on up to ``max_attempts`` instances; the first on ``slot``'s
+        instance when the router's queue granted one (the hop owns and ends that lease)."""
         payload = orjson.dumps(prefill_body(ctx.body))
         tried: set[str] = set()
         for _ in range(self.table.settings.max_attempts):
-            inst = self.table.pick(Role.PREFILL, tried)
+            lease, slot = slot, None
+            inst = lease.instance if lease is not None else self.table.pick(Role.PREFILL, tried)
             if inst is None:
                 break
             tried.add(inst.id)
             sent = self._sending(ctx)
-            reply = await self._prefill_hop(ctx, inst, payload)
+            reply = await self._prefill_hop(ctx, inst, payload, lease)
             if reply is None:
                 continue
             data = prefill_answer(reply)
@@ -311,11 +338,13 @@ class Proxy:
                     "; ".join(ctx.errors) or "no prefill instance")
         return None
 
-    async def _prefill_hop(self, ctx: Ctx, inst: Instance, payload: bytes) -> Reply | None:
-        """POST the prefill hop. If the client leaves meanwhile, the hop is left to finish and
-        whatever KV it holds is released: aborting it instead would race with its end, and an
-        answer lost in that race leaves its blocks held for the whole lease."""
-        lease: Lease | None = self.table.lease(inst)
+    async def _prefill_hop(self, ctx: Ctx, inst: Instance, payload: bytes,
+                           lease: Lease | None = None) -> Reply | None:
+        """POST the prefill hop, counted in ``inst``'s in-flight requests (``lease``, or a new
+        one). If the client leaves meanwhile, the hop is left to finish and whatever KV it
+        holds is released: aborting it instead would race with its end, and an answer lost
+        in that race leaves its blocks held for the whole lease."""
+        lease = lease if lease is not None else self.table.lease(inst)
         hop = asyncio.ensure_future(
             self.upstream.post(f"{inst.url}{ctx.endpoint}", payload, self._headers(ctx)))
         try:
@@ -542,7 +571,7 @@ class Proxy:
             counted_prompt_tokens=ctx.prompt_tokens, response=response,
             prefill_instance=ctx.prefill.id if ctx.prefill else None,
             decode_instance=decode.id if decode else None, prefill_times=ctx.prefill_times,
-            prefill_wall_ms=ctx.prefill_wall_ms,
+            prefill_wall_ms=ctx.prefill_wall_ms, router_queue_ms=ctx.router_queue_ms,
             decode_recent_xfer_ms=decode.recent_xfer_ms if decode else 0.0,
             retries=ctx.retries, kv_handle=ctx.kv_handle, gaps=ctx.gaps), self._costs)
         self.requests.add(rec)

@@ -38,6 +38,7 @@ class Ctx:
     prefill: Instance | None = None
     prefill_times: EngineTimes | None = None
     prefill_wall_ms: float = 0.0
+    router_queue_ms: float = 0.0  # waited in the router for a prefill slot
     decode: Instance | None = None
     decode_lease: Lease | None = None  # ``decode`` counts this request in flight
     decode_sent: float = 0.0

@@ -8,7 +8,9 @@ exactly once however the request ends (a draining instance stops when its count 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -29,12 +31,14 @@ class Lease:
     """One request counted in one instance's in-flight requests until ``release`` (or the end
     of a ``with`` block); releasing twice is harmless."""
 
-    __slots__ = ("instance", "_counts", "_held")
+    __slots__ = ("instance", "_counts", "_held", "_on_release")
 
-    def __init__(self, counts: dict[str, int], instance: Instance) -> None:
+    def __init__(self, counts: dict[str, int], instance: Instance,
+                 on_release: Callable[[], None] | None = None) -> None:
         self.instance = instance
         self._counts = counts
         self._held = True
+        self._on_release = on_release
         counts[instance.id] = counts.get(instance.id, 0) + 1
 
     def release(self) -> None:
@@ -46,6 +50,8 @@ class Lease:
                 self._counts[iid] = left
             else:
                 del self._counts[iid]
+            if self._on_release is not None:
+                self._on_release()
 
     @property
     def held(self) -> bool:
@@ -69,6 +75,9 @@ class RoutingTable:
         self._ready: dict[Role, list[Instance]] = {r: [] for r in Role}
         self._inflight: dict[str, int] = {}
         self._suspect: dict[str, float] = {}
+        # Requests waiting in the router for a prefill slot (routing.prefill_max_inflight),
+        # first come first served: each future gets a lease on the instance it may use.
+        self._waiters: deque[asyncio.Future[Lease]] = deque()
         self.on_unreachable: Unreachable | None = None  # the fleet's, set when wired
         self._reset_policies()
 
@@ -104,6 +113,7 @@ class RoutingTable:
                           {k: before[k] for k in changed}, changed)
         if {"prefill_policy", "decode_policy"} & changed.keys():
             self._reset_policies()
+        self._wake()  # a higher (or no) prefill cap frees slots for those waiting
         return new
 
     # ---- candidates ---------------------------------------------------------------------
@@ -111,6 +121,8 @@ class RoutingTable:
     def set_members(self, role: Role, members: list[Instance]) -> None:
         """The registry's ready instances of ``role`` (sorted by id)."""
         self._ready[role] = members
+        if role is Role.PREFILL:
+            self._wake()  # a new prefill instance takes requests waiting for a slot
 
     def ready(self, role: Role) -> list[Instance]:
         return self._ready[role]
@@ -129,13 +141,70 @@ class RoutingTable:
             candidates = [i for i in pool if i.id not in exclude]
         else:
             candidates = pool
-        cap = self.settings.max_inflight_per_instance
+        cap = self._cap(role)
         if cap:
             counts = self._inflight
             candidates = [i for i in candidates if counts.get(i.id, 0) < cap]
         if not candidates:
             return None
         return self._policies[role].choose(candidates, self._inflight)
+
+    def _cap(self, role: Role) -> int:
+        """Requests one instance of ``role`` may have in flight (0: no limit)."""
+        cap = self.settings.max_inflight_per_instance
+        if role is Role.PREFILL and self.settings.prefill_max_inflight:
+            cap = min(cap or self.settings.prefill_max_inflight,
+                      self.settings.prefill_max_inflight)
+        return cap
+
+    # ---- the router's prefill queue -------------------------------------------------------
+
+    @property
+    def prefill_waiting(self) -> int:
+        """Requests waiting in the router for a prefill slot."""
+        return sum(1 for f in self._waiters if not f.done())
+
+    async def prefill_slot(self, timeout_s: float) -> Lease | None:
+        """A lease on a prefill instance with a free slot (``routing.prefill_max_inflight``),
+        at once when nobody waits and one is free, else after those who came first; None
+        when ``timeout_s`` passes first or no prefill instance is ready."""
+        if not self._waiters:
+            inst = self.pick(Role.PREFILL, set())
+            if inst is not None:
+                return self.lease(inst)
+        if not self._ready[Role.PREFILL]:
+            return None
+        fut: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            # Not wait_for: on 3.11 it returns a result that arrived with a cancellation and
+            # swallows the cancellation.
+            await asyncio.wait((fut,), timeout=timeout_s)
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # granted as the client left: pass it on
+                fut.result().release()
+            fut.cancel()
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(fut)
+        if fut.done():
+            return fut.result()
+        fut.cancel()  # timed out
+        return None
+
+    def _wake(self) -> None:
+        """Grant free prefill slots to the requests waiting longest."""
+        while self._waiters:
+            fut = self._waiters[0]
+            if fut.done():  # gave up
+                self._waiters.popleft()
+                continue
+            inst = self.pick(Role.PREFILL, set())
+            if inst is None:
+                return
+            self._waiters.popleft()
+            fut.set_result(self.lease(inst))
 
     def full(self, role: Role) -> bool:
         """Every ready instance of ``role`` has ``max_inflight_per_instance`` requests."""
@@ -157,7 +226,8 @@ class RoutingTable:
     # ---- in flight ----------------------------------------------------------------------
 
     def lease(self, inst: Instance) -> Lease:
-        return Lease(self._inflight, inst)
+        return Lease(self._inflight, inst,
+                     self._wake if inst.role is Role.PREFILL else None)
 
     def inflight(self, instance_id: str) -> int:
         return self._inflight.get(instance_id, 0)
