@@ -204,6 +204,15 @@ def routing_form(current: RoutingPublic) -> None:
                 "max in flight per instance (0: no limit)", min_value=0,
                 value=current.max_inflight_per_instance, step=8, key=f"r-icap-{v}",
                 help="a full instance gets no new request; a full decode pool answers 429"),
+            "prefill_max_inflight": a.number_input(
+                "prompts in flight per prefill instance (0: no router queue)", min_value=0,
+                value=current.prefill_max_inflight, step=1, key=f"r-pcap-{v}",
+                help="beyond it, requests wait in the router for a slot on any prefill "
+                     "instance, so a scale-up takes the backlog at once"),
+            "prefill_queue_timeout_s": b.number_input(
+                "longest wait for a prefill slot (s)", min_value=0.1,
+                value=current.prefill_queue_timeout_s, step=5.0, key=f"r-pqt-{v}",
+                help="then the request is served colocated"),
         }
         if st.form_submit_button("Apply routing"):
             patch = changes.routing_patch(current, wanted)
