@@ -93,8 +93,17 @@ class RequestLog:
         self._disagg = np.zeros(maxlen, dtype=bool)
         self.total = 0
         self._suspect_later: deque[str] = deque(maxlen=SUSPECT_PENDING)
+        self.since = time.time()  # unix time from which requests are recorded
+
+    def covered(self, window_s: float, now: float | None = None) -> float:
+        """Seconds of the last ``window_s`` during which requests were being recorded: a
+        window longer than the log's life holds fewer requests than its length implies, so
+        a rate divides by this, not by ``window_s``."""
+        now = time.time() if now is None else now
+        return max(0.0, min(window_s, now - self.since))
 
     def add(self, record: RequestRecord) -> None:
+        self.since = min(self.since, record.started_at)
         if record.kv_handle is not None and record.kv_handle in self._suspect_later:
             record.suspect = True
             self._suspect_later.remove(record.kv_handle)
@@ -168,10 +177,13 @@ def _kv(c: Columns, seconds: float) -> dict[str, float]:
             "transfer_gbps": (kv_bytes / 1e9) / (kv_ms / 1e3) if kv_ms > 0 else 0.0}
 
 
-def stats(records: Columns | list[RequestRecord], window_s: float, alert_share: float
-          ) -> dict[str, Any]:
-    """Aggregates of one window: rates, TTFT and component percentiles, KV transfer."""
+def stats(records: Columns | list[RequestRecord], window_s: float, alert_share: float,
+          covered_s: float | None = None) -> dict[str, Any]:
+    """Aggregates of one window: rates, TTFT and component percentiles, KV transfer. Rates
+    divide by ``covered_s``, the part of the window requests were recorded in (default: all
+    of it)."""
     c = _as_columns(records)
+    covered = window_s if covered_s is None else min(window_s, covered_s)
     ok = c.select(c.ok)
     fields = ("ttft_ms", *COMPONENTS, "prompt_tokens", "output_tokens")
     summary = dict(zip(fields, _summaries(np.stack([ok.col(f) for f in fields], axis=1)),
@@ -187,9 +199,10 @@ def stats(records: Columns | list[RequestRecord], window_s: float, alert_share: 
     streamed = ok.col("gaps") > 0
     return {
         "window_s": window_s,
+        "covered_s": covered,
         "requests": len(c),
         "by_status": by_status,
-        "request_rate": len(c) / window_s if window_s > 0 else 0.0,
+        "request_rate": len(c) / covered if covered > 0 else 0.0,
         "disaggregated_share": float(ok.disagg.mean()) if len(ok) else 0.0,
         "ttft_ms": summary["ttft_ms"],
         "components_ms": {f.removesuffix("_ms"): summary[f] for f in COMPONENTS},
@@ -198,7 +211,7 @@ def stats(records: Columns | list[RequestRecord], window_s: float, alert_share: 
         "gap_max_ms": percentiles(ok.col("gap_max_ms")[streamed]),
         "prompt_tokens": summary["prompt_tokens"],
         "output_tokens": summary["output_tokens"],
-        "kv": _kv(c, window_s),
+        "kv": _kv(c, covered),
         "transfer_share": {**share, "alert_share": alert_share,
                            "alert": bool(shares.size) and share["p50"] > alert_share},
     }

@@ -48,4 +48,5 @@ def connection() -> None:
 connection()
 if st.session_state.get(ui.DOWN_KEY):
     st.stop()
+ui.scaled_time_banner()
 page.run()

@@ -257,6 +257,31 @@ def connection_banner() -> None:
         st.rerun()
 
 
+def scaled_time_banner() -> None:
+    """Every page: say so when simulated time does not run at wall speed."""
+    try:
+        scale = cluster().time_scale
+    except ApiError:
+        return  # the connection banner says why
+    if scale == 1.0:
+        return
+    speed = f"{1 / scale:g}x faster" if scale < 1 else f"{scale:g}x slower"
+    st.info(f"**Simulated time runs {speed} than the modelled hardware** (`sim.time_scale` "
+            f"{scale:g}): latencies here are wall time, {scale:g}x the modelled ones, and "
+            f"rates and bandwidths {1 / scale:g}x the modelled ones. The Transfer page "
+            "compares bandwidth with the link in modelled time; the Planner page works in "
+            "modelled time throughout.", icon=":material/speed:")
+
+
+def rate_basis(s: StatsPublic) -> str:
+    """What a window's rates divide by: the window, or the part of it the controller ran."""
+    covered = s.covered_s if s.covered_s is not None else s.window_s
+    if covered >= s.window_s - 0.5:
+        return f"per second over the {s.window_s:g} s window"
+    return (f"per second over the last {covered:.0f} s: the controller has recorded requests "
+            f"for only that part of the {s.window_s:g} s window")
+
+
 def transfer_alert(share: TransferShare) -> None:
     if share.alert:
         st.error(f"**KV transfer is {share.p50:.0%} of TTFT** (median over disaggregated "

@@ -190,6 +190,9 @@ class ClusterPublic(Public):
     pools: dict[Role, PoolPublic]
     routing: RoutingPublic
     instances: list[InstancePublic]
+    time_scale: float = Field(1.0, description=(
+        "wall seconds per modelled second: sim.time_scale for simulated engines, 1 for real "
+        "ones. Every time the API reports is wall time; modelled = wall / time_scale"))
 
 
 # ---- the dry run of a pool change ----------------------------------------------------------
@@ -331,6 +334,10 @@ class StatsPublic(Public):
     """``GET /api/v1/stats?window_s=N``."""
 
     window_s: float
+    covered_s: float | None = Field(None, description=(
+        "seconds of the window the controller recorded requests in (its uptime when shorter "
+        "than the window): request_rate and kv.bytes_per_s divide by this; None from an "
+        "older controller, which divided by window_s"))
     requests: int
     by_status: dict[str, int]
     request_rate: float

@@ -137,6 +137,7 @@ async def get_cluster(st: State) -> ClusterPublic:
         "pools": {r: pool_view(st, r) for r in Role},
         "routing": st.table.settings.model_dump(),
         "instances": [instance_view(st, i) for i in f.registry],
+        "time_scale": s.sim.time_scale if s.backend == "sim" else 1.0,
     })
 
 
@@ -260,7 +261,7 @@ def pool_utilization(st: AppState) -> dict[str, Any]:
 async def get_stats(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 60.0
               ) -> StatsPublic:
     out = stats(st.requests.columns(window_s), window_s,
-                st.table.settings.transfer_alert_share)
+                st.table.settings.transfer_alert_share, st.requests.covered(window_s))
     out["pools"] = pool_utilization(st)
     out["total_requests"] = st.requests.total
     rs = st.table.settings

@@ -160,13 +160,22 @@ def drain_form(instances: list[InstancePublic]) -> None:
     candidates = {i.id: i for i in changes.drainable(instances)}
     with st.form("drain"):
         st.markdown("**Drain an instance** · it finishes its requests, then stops")
+        # A stable key, and labels without live figures: a label that changes with each
+        # rerun (a running count under load) made a new widget that forgot the choice.
         choice = st.selectbox(
             "instance", list(candidates), index=None, placeholder="choose an instance",
-            format_func=lambda iid: (f"{iid} · {candidates[iid].state} · TP "
-                                     f"{candidates[iid].tp} · running "
-                                     f"{candidates[iid].load.running:.0f}"))
-        if st.form_submit_button("Review drain") and choice:
-            review("drain", changes.drain_change(candidates[choice]))
+            key="drain-choice", format_func=lambda iid: (
+                f"{iid} · {candidates[iid].role} · TP {candidates[iid].tp}"
+                if iid in candidates else iid))
+        if st.form_submit_button("Review drain"):
+            if choice in candidates:
+                review("drain", changes.drain_change(candidates[choice]))
+            elif choice:
+                st.session_state[OUTCOME] = ("drain", False,
+                                             f"{choice} can no longer be drained (it is no "
+                                             "longer ready or starting)")
+            else:
+                st.session_state[OUTCOME] = ("drain", False, "choose an instance to drain")
     show_pending("drain")
     show_outcome("drain")
 

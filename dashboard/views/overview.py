@@ -30,7 +30,8 @@ def headline() -> None:
     ui.transfer_alert(share)
     cols = st.columns(5)
     cols[0].metric("Request rate", f"{s.request_rate:.1f} /s",
-                   help=f"{s.requests} requests in the window ({s.total_requests} total)")
+                   help=f"{s.requests} requests in the window ({s.total_requests} total), "
+                        f"{ui.rate_basis(s)}")
     cols[1].metric("TTFT p50", ui.fmt_ms(s.ttft_ms.p50))
     cols[2].metric("TTFT p99", ui.fmt_ms(s.ttft_ms.p99))
     cols[3].metric("Disaggregated", f"{s.disaggregated_share:.0%}",

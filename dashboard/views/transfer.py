@@ -36,21 +36,28 @@ def headline() -> None:
         ui.card_error(exc)
         return
     link, ceiling = link_of(cl)
-    kv = s.kv
+    kv, scale = s.kv, cl.time_scale
+    modelled = " (modelled)" if scale != 1.0 else ""
     cols = st.columns(5)
-    cols[0].metric("KV moved", f"{kv.bytes_per_s / 1e9:.2f} GB/s",
-                   help="KV bytes of the window's disaggregated requests / window length")
+    cols[0].metric(f"KV moved{modelled}", f"{kv.bytes_per_s * scale / 1e9:.2f} GB/s",
+                   help=f"KV bytes of the window's disaggregated requests, {ui.rate_basis(s)}"
+                        + _scaled(scale))
     cols[1].metric("KV bytes in window", ui.fmt_bytes(kv.bytes))
-    cols[2].metric("Achieved bandwidth", f"{kv.transfer_gbps:.1f} GB/s",
-                   help="bytes / time spent transferring, over the window")
+    cols[2].metric(f"Achieved bandwidth{modelled}", f"{kv.transfer_gbps * scale:.1f} GB/s",
+                   help="bytes / time spent transferring, over the window" + _scaled(scale))
     cols[3].metric(f"Link ceiling ({link})", f"{ceiling:.0f} GB/s" if ceiling else "unknown",
                    help=profiles.LINKS[link].description if link in profiles.LINKS else None)
-    use = kv.transfer_gbps / ceiling if ceiling else 0.0
+    use = kv.transfer_gbps * scale / ceiling if ceiling else 0.0
     cols[4].metric("Of the ceiling", f"{use:.0%}",
                    help="achieved bandwidth includes the link's per-transfer latency, so "
                         "small transfers stay well below the ceiling")
     ui.kv_integrity_alerts(s, window)
     ui.transfer_alert(s.transfer_share)
+
+
+def _scaled(scale: float) -> str:
+    return ("" if scale == 1.0 else f"; in modelled time: the wall-time figure x {scale:g} "
+            "(sim.time_scale), comparable with the link")
 
 
 TRANSFER_QUERIES = ("kv_bytes_rate", "nixl_gbps", "accounted_gbps")
@@ -66,27 +73,33 @@ def over_time() -> None:
         ui.card_error(exc)
         return
     link, ceiling = link_of(cl)
+    scale = cl.time_scale
+    modelled = " (modelled time)" if scale != 1.0 else ""
     left, right = st.columns(2)
-    left.subheader("KV moved per second")
-    right.subheader("Achieved bandwidth vs link ceiling")
+    left.subheader(f"KV moved per second{modelled}")
+    right.subheader(f"Achieved bandwidth vs link ceiling{modelled}")
     if res is not None:
-        prom_over_time(left, right, res, link, ceiling or 0.0)
+        prom_over_time(left, right, res, link, ceiling or 0.0, scale)
     elif ts is not None:
+        ts = ts.assign(kv_gb_per_s=ts["kv_gb_per_s"] * scale,
+                       transfer_gbps=ts["transfer_gbps"] * scale)
         left.altair_chart(charts.kv_throughput(ts), width="stretch")
         right.altair_chart(charts.achieved_bandwidth(ts, ceiling or 0.0, link),
                            width="stretch")
 
 
 def prom_over_time(left: Any, right: Any, res: dict[str, prom.Result], link: str,
-                   ceiling: float) -> None:
+                   ceiling: float, scale: float) -> None:
     step = ui.prom_window(window).step_s
     left.caption(ui.prom_caption("`pdctl_kv_transfer_bytes_total`", window))
-    left.altair_chart(charts.kv_throughput(prom.kv_frame(res["kv_bytes_rate"], step)),
+    kv = prom.kv_frame(res["kv_bytes_rate"], step)
+    left.altair_chart(charts.kv_throughput(kv.assign(kv_gb_per_s=kv["kv_gb_per_s"] * scale)),
                       width="stretch")
     right.caption(ui.prom_caption("`vllm:nixl_bytes_transferred` / "
                                   "`vllm:nixl_xfer_time_seconds` on the engines; the "
                                   "controller's KV bytes / accounted transfer time", window))
     bw = prom.bandwidth_frame(res["nixl_gbps"], res["accounted_gbps"])
+    bw = bw.assign(gbps=bw["gbps"] * scale)
     right.altair_chart(charts.bandwidth_by_source(bw, ceiling, link), width="stretch")
 
 

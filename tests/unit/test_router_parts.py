@@ -100,6 +100,20 @@ def test_stats_percentiles_and_alert() -> None:
     assert percentiles([])["p50"] == 0.0
 
 
+def test_rates_divide_by_the_part_of_the_window_the_log_has_recorded() -> None:
+    log = RequestLog(maxlen=1000)
+    log.since = 1000.0  # the controller started at 1000
+    for i in range(200):  # 10 requests/s for 20 s
+        log.add(rec(i, 1000.0 + i / 10, 10.0))
+    now = 1020.0
+    assert log.covered(300.0, now) == 20.0 and log.covered(10.0, now) == 10.0
+    out = stats(log.columns(300.0, now), 300.0, 0.2, log.covered(300.0, now))
+    assert out["covered_s"] == 20.0 and out["request_rate"] == 10.0  # not 200 / 300
+    assert out["kv"]["bytes_per_s"] == 200 * 1000 / 20.0
+    log.add(rec(999, 900.0, 10.0))  # a record older than the log's start (a restore)
+    assert log.since == 900.0 and log.covered(300.0, now) == 120.0
+
+
 def test_timeseries_buckets() -> None:
     from controller.requests_log import timeseries
 

@@ -1,0 +1,150 @@
+"""The console's numbers and controls an operator must be able to trust, in a real browser
+(Debian's Chromium, Playwright) against a simulated controller under load:
+
+1. draining an instance from the Controls page works while the load changes the instances'
+   figures between two reruns (the choice used to reset, every time under load);
+2. the Overview's request rate is the rate that arrives, not diluted by the part of the window
+   before the controller started;
+3. a scaled simulation says so on every page, and the Transfer page compares bandwidth with
+   the link in modelled time (it showed several times the link's ceiling).
+
+Each test saves screenshots to ``artifacts/screenshots/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.harness import ControllerProc, Load, start_controller
+from tests.integration.test_console_browser import CHROMIUM, CHROMIUM_ARGS, SHOTS, console
+
+__all__ = ["console"]  # the fixture, on this module's controller
+
+pytestmark = pytest.mark.slow
+SCALE = 0.2  # the harness's sim.time_scale
+
+
+@pytest.fixture
+def controller(tmp_path: Path) -> Iterator[ControllerProc]:
+    ctl = start_controller(tmp_path, {"pools": {"decode": {"size": 2}}})
+    try:
+        yield ctl
+    finally:
+        ctl.stop()
+
+
+@contextlib.contextmanager
+def browser(tmp_path: Path) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
+            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1100})
+        try:
+            yield ctx.new_page()
+        finally:
+            ctx.close()
+
+
+def open_page(page: Any, console_url: str, name: str) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{console_url}/{name}")
+    expect(page.locator("h1").first).to_have_text(name.capitalize(), timeout=30_000)
+
+
+def shoot(page: Any, name: str) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    with contextlib.suppress(PlaywrightTimeout):
+        page.locator('[data-testid="stStatusWidget"]').wait_for(state="hidden", timeout=5_000)
+    page.screenshot(path=SHOTS / f"{name}.png", full_page=True)
+
+
+def metric(page: Any, label: str) -> str:
+    """The value of the metric card whose label starts with ``label``."""
+    card = page.locator('[data-testid="stMetric"]').filter(
+        has=page.locator('[data-testid="stMetricLabel"]',
+                         has_text=re.compile(f"^{re.escape(label)}")))
+    return str(card.first.locator('[data-testid="stMetricValue"]').inner_text())
+
+
+def number(text: str) -> float:
+    m = re.search(r"-?[\d.]+", text.replace(",", ""))
+    assert m is not None, text
+    return float(m.group(0))
+
+
+def test_an_instance_is_drained_from_the_console_under_load(
+        controller: ControllerProc, console: str, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    victim = controller.get("/instances?role=decode")[0]["id"]
+    with Load(controller.url, workers=8, long_only=True) as load, browser(tmp_path) as page:
+        open_page(page, console, "controls")
+        page.get_by_role("combobox", name="instance", exact=True).click()
+        page.get_by_role("option", name=re.compile(f"^{re.escape(victim)} ")).click()
+        # Several live refreshes pass with the load changing every instance's figures.
+        page.wait_for_timeout(4_000)
+        page.get_by_role("button", name="Review drain").click()
+        expect(page.get_by_text(f"Confirm a disruptive change — drain {victim}")
+               ).to_be_visible(timeout=15_000)
+        shoot(page, "controls-drain-review")
+        page.get_by_role("button", name="Confirm change").click()
+        expect(page.get_by_text(f"{victim} is draining")).to_be_visible(timeout=15_000)
+        controller.wait(lambda: controller.get(f"/instances/{victim}")["state"]
+                        in ("draining", "stopped"), 15, f"{victim} draining")
+        controller.wait_converged(timeout=60)
+        res = load.stop()
+    assert res.failures == [], res.failures[:5]
+    drained = [e for e in controller.get("/events?kind=instance.draining")
+               if e["target"] == victim]
+    assert drained and drained[0]["actor"] == "pdctl-console", drained
+
+
+def test_the_request_rate_is_what_arrives_while_the_controller_is_younger_than_the_window(
+        controller: ControllerProc, console: str, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    with Load(controller.url, workers=3) as load, browser(tmp_path) as page:
+        started = time.monotonic()
+        open_page(page, console, "overview")  # the default window is 5 min
+        page.wait_for_timeout(12_000)
+        expect(page.locator('[data-testid="stMetric"]').first).to_be_visible()
+        shown = number(metric(page, "Request rate"))
+        elapsed = time.monotonic() - started
+        arrived = load.result.ok / elapsed  # what the client completed, per second
+        shoot(page, "overview-young-controller")
+        load.stop()
+    # The controller started seconds before the load: the 5-min window is mostly before it.
+    assert 0.6 * arrived <= shown <= 1.6 * arrived, (shown, arrived)
+
+
+def test_scaled_time_is_said_on_every_page_and_bandwidth_is_compared_in_modelled_time(
+        controller: ControllerProc, console: str, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    banner = f"Simulated time runs {1 / SCALE:g}x faster than the modelled hardware"
+    with Load(controller.url, workers=4, long_only=True) as load, browser(tmp_path) as page:
+        page.wait_for_timeout(3_000)
+        for name in ("overview", "pools", "controls", "advisor", "planner", "events",
+                     "transfer"):
+            open_page(page, console, name)
+            expect(page.get_by_text(banner)).to_be_visible(timeout=15_000)
+        page.wait_for_timeout(6_000)  # transfers in the window
+        share = metric(page, "Of the ceiling")
+        achieved = number(metric(page, "Achieved bandwidth (modelled)"))
+        shoot(page, "transfer-scaled-time")
+        res = load.stop()
+    assert res.failures == [], res.failures[:5]
+    assert achieved > 0
+    assert 0 < number(share) <= 100, share  # the link is never beaten in modelled time
