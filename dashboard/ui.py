@@ -284,7 +284,10 @@ def rate_basis(s: StatsPublic) -> str:
 
 def transfer_alert(share: TransferShare) -> None:
     if share.alert:
-        st.error(f"**KV transfer is {share.p50:.0%} of TTFT** (median over disaggregated "
+        # Enough digits that the share reads above the threshold it broke (not "20% > 20%").
+        digits = next((d for d in range(4) if round(share.p50, d + 2) >
+                       round(share.alert_share, d + 2)), 3)
+        st.error(f"**KV transfer is {share.p50:.{digits}%} of TTFT** (median over disaggregated "
                  f"requests), above the alert share of {share.alert_share:.0%}. The link "
                  "is slowing first tokens: check the KV link, or raise "
                  "`disagg_min_prompt_tokens` so short prompts stay colocated.",

@@ -43,8 +43,9 @@ def headline() -> None:
                    help=f"KV bytes of the window's disaggregated requests, {ui.rate_basis(s)}"
                         + _scaled(scale))
     cols[1].metric("KV bytes in window", ui.fmt_bytes(kv.bytes))
-    cols[2].metric(f"Achieved bandwidth{modelled}", f"{kv.transfer_gbps * scale:.1f} GB/s",
-                   help="bytes / time spent transferring, over the window" + _scaled(scale))
+    cols[2].metric(f"Bandwidth{modelled}", f"{kv.transfer_gbps * scale:.1f} GB/s",
+                   help="achieved: bytes / time spent transferring, over the window"
+                        + _scaled(scale))
     cols[3].metric(f"Link ceiling ({link})", f"{ceiling:.0f} GB/s" if ceiling else "unknown",
                    help=profiles.LINKS[link].description if link in profiles.LINKS else None)
     use = kv.transfer_gbps * scale / ceiling if ceiling else 0.0
