@@ -43,6 +43,21 @@ def check_pairing(prefill_tp: int, decode_tp: int) -> None:
             f"prefill TP {prefill_tp} and decode TP {decode_tp}: {NIXL_TP_RULE}", "tp")
 
 
+def valid_tps(m: profiles.ModelProfile, hw: profiles.HardwareProfile, per_node: int,
+              role: Role, other_tp: int) -> list[int]:
+    """The TPs ``role`` may take beside the other pool's ``other_tp``: ``check_tp`` and
+    ``check_pairing`` pass (the cluster's room for the pool's size is not judged here)."""
+    out = []
+    for tp in range(1, per_node + 1):
+        try:
+            check_tp(m, hw, per_node, tp, role)
+            check_pairing(tp, other_tp)
+        except InvalidChange:
+            continue
+        out.append(tp)
+    return out
+
+
 def check_capacity(targets: dict[Role, PoolTarget], per_node: int, nodes: int) -> None:
     demands = [t.tp for t in targets.values() for _ in range(t.size)]
     if not placement.fits(demands, per_node, nodes):

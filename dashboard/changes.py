@@ -22,7 +22,7 @@ from pdctl_api.schema import (
 class PendingChange:
     """A change awaiting the operator's confirmation."""
 
-    kind: Literal["pool", "drain"]
+    kind: Literal["pool", "drain", "routing"]
     title: str
     effects: tuple[str, ...]
     disruptive: bool
@@ -30,6 +30,7 @@ class PendingChange:
     size: int | None = None
     tp: int | None = None
     instance_id: str | None = None
+    patch: tuple[tuple[str, Any], ...] | None = None  # routing: the fields to send
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,50 @@ def routing_patch(current: RoutingPublic, wanted: dict[str, Any]) -> dict[str, A
         elif new != old:
             patch[key] = new
     return patch
+
+
+# Routing fields whose lower value refuses or cuts requests: lowering them is disruptive.
+TIGHTENING = ("max_inflight", "max_inflight_per_instance", "prefill_max_inflight",
+              "request_timeout_s", "prefill_queue_timeout_s", "max_attempts")
+
+
+def _tightens(key: str, old: Any, new: Any) -> bool:
+    if key not in TIGHTENING:
+        return False
+    limitless = key in ("max_inflight", "max_inflight_per_instance", "prefill_max_inflight")
+    if limitless and new == 0:
+        return False  # 0: no limit
+    return bool((limitless and old == 0) or new < old)
+
+
+def threshold_preview(old: int, new: int, prompts: list[int]) -> str:
+    """How many of the recent requests a new disaggregation threshold would have moved."""
+    if not prompts:
+        return "no recent requests to preview the new threshold against"
+    lo, hi = min(old, new), max(old, new)
+    moved = sum(1 for p in prompts if lo <= p < hi)
+    where = "colocated instead of disaggregated" if new > old else \
+        "disaggregated instead of colocated"
+    return (f"of the last {len(prompts)} requests, {moved} ({moved / len(prompts):.0%}) had "
+            f"prompts of {lo}-{hi - 1} tokens: they would have gone {where}")
+
+
+def routing_change(current: RoutingPublic, patch: dict[str, Any],
+                   recent_prompts: list[int] | None = None) -> PendingChange:
+    """The reviewed routing change: each field old -> new, a preview of a threshold change
+    from the recent prompt lengths, disruptive when a limit tightens."""
+    effects = [f"`{k}`: {getattr(current, k)} → {v}" for k, v in patch.items()]
+    if "disagg_min_prompt_tokens" in patch and recent_prompts is not None:
+        effects.append(threshold_preview(current.disagg_min_prompt_tokens,
+                                         int(patch["disagg_min_prompt_tokens"]),
+                                         recent_prompts))
+    disruptive = any(_tightens(k, getattr(current, k), v) for k, v in patch.items())
+    if disruptive:
+        effects.append("a tighter limit: requests beyond it are refused (429), cut or served "
+                       "colocated")
+    return PendingChange(kind="routing", title="routing: " + ", ".join(patch),
+                         effects=tuple(effects), disruptive=disruptive,
+                         patch=tuple(patch.items()))
 
 
 def drainable(instances: list[InstancePublic]) -> list[InstancePublic]:

@@ -20,6 +20,6 @@ class ControllerClient(PdctlClient):
     """One controller, one token. ``transport`` lets tests put a fake controller behind it."""
 
     def __init__(self, base_url: str, token: str | None, timeout_s: float = 5.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
-        super().__init__(base_url, token, actor=ACTOR, timeout_s=timeout_s,
+                 transport: httpx.BaseTransport | None = None, actor: str = ACTOR) -> None:
+        super().__init__(base_url, token, actor=actor, timeout_s=timeout_s,
                          transport=transport)

@@ -155,6 +155,16 @@ GRID_COLUMNS = 20
 LOCAL_NODE = "controller host"  # the node of an instance run as the controller's own process
 
 
+ENDED_STATES = ("stopped", "failed")
+
+
+def live_instances(df: pd.DataFrame) -> pd.DataFrame:
+    """The instances not yet ended, re-placed on the grid."""
+    live = df[~df["state"].isin(ENDED_STATES)].reset_index(drop=True)
+    pos = live.groupby("role", sort=False).cumcount()
+    return live.assign(col=pos % GRID_COLUMNS, row=pos // GRID_COLUMNS)
+
+
 def instances_frame(instances: Iterable[InstancePublic]) -> pd.DataFrame:
     """Every instance with role, state, TP, load and node (a Ray node's IP, or
     ``LOCAL_NODE``), sorted by role then id; ``col``/``row``
@@ -168,6 +178,9 @@ def instances_frame(instances: Iterable[InstancePublic]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=cols)
     if df.empty:
         return df.assign(col=pd.Series(dtype="int64"), row=pd.Series(dtype="int64"))
+    # A stopped or failed instance's load is what its engine last said before it ended: stale.
+    ended = df["state"].isin(ENDED_STATES)
+    df.loc[ended, ["running", "waiting", "kv_cache_usage"]] = float("nan")
     df = df.sort_values(["role", "id"], key=lambda s: s.map(_natural) if s.name == "id" else s,
                         ascending=[False, True]).reset_index(drop=True)
     pos = df.groupby("role", sort=False).cumcount()

@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import frames, integrity
-from dashboard.client import ApiError, ControllerClient
+from dashboard.client import ACTOR, ApiError, ControllerClient
 from dashboard.config import RECENT_LIMIT, ConsoleConfig, current_config, step_for
 from dashboard.prom import PromClient, PromError, Result, Window, fetch
 from pdctl_api.schema import (
@@ -29,6 +29,7 @@ from pdctl_api.schema import (
 
 # Tests put a fake client / config here (``AppTest.session_state``) instead of a real one.
 CLIENT_KEY = "pdctl_client"
+OPERATOR_KEY = "pdctl_operator"
 PROM_KEY = "pdctl_prom"
 CONFIG_KEY = "pdctl_config"
 DOWN_KEY = "pdctl_down"
@@ -41,9 +42,17 @@ def config() -> ConsoleConfig:
     return cfg if isinstance(cfg, ConsoleConfig) else current_config()
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
-def _client_for(url: str, token: str | None) -> ControllerClient:
-    return ControllerClient(url, token)
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _client_for(url: str, token: str | None, actor: str = ACTOR) -> ControllerClient:
+    return ControllerClient(url, token, actor=actor)
+
+
+def actor() -> str:
+    """Who the audit log names for this session's changes: ``pdctl-console``, or
+    ``pdctl-console/<name>`` once the operator gave a name in the sidebar."""
+    name = "".join(ch for ch in str(st.session_state.get(OPERATOR_KEY) or "").strip()
+                   if ch.isprintable())
+    return f"{ACTOR}/{name}"[:64] if name else ACTOR
 
 
 def client() -> ControllerClient:
@@ -52,7 +61,7 @@ def client() -> ControllerClient:
         return injected
     cfg = config()
     token, _ = cfg.token()
-    return _client_for(cfg.controller_url, token)
+    return _client_for(cfg.controller_url, token, actor())
 
 
 # ---- cached reads: keyed by the client's cache_key, shared by every card and session -----
@@ -193,6 +202,9 @@ def sidebar() -> None:
                      help="time window of the statistics and charts")
         st.toggle("Live", value=True, key="pdctl_live",
                   help=f"refresh the live cards every {cfg.refresh_s:g} s")
+        st.text_input("Operator", key=OPERATOR_KEY, max_chars=40, placeholder="your name",
+                      help=f"the audit log names your changes `{ACTOR}/<name>` "
+                           f"(`{ACTOR}` without a name)")
         series = (f"Prometheus `{cfg.prometheus_url}`" if cfg.prometheus_url
                   else "the controller's API")
         st.caption(f"controller `{cfg.controller_url}`  \ntime series from {series}  \n"

@@ -101,6 +101,9 @@ class PoolPublic(Public):
     actual: PoolActual
     converged: bool
     quarantine: QuarantinePublic | None = None
+    valid_tp: list[int] | None = Field(None, description=(
+        "the TPs this pool may change to now: they divide the model's heads, fit memory and "
+        "a node, and pair with the other pool's TP; None from an older controller"))
 
 
 class LoadPublic(Public):

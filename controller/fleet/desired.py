@@ -87,6 +87,14 @@ class Desired:
             self.targets, role, size, tp, model=self.model, hw=self.hw, per_node=per_node,
             nodes=nodes, managed=self.managed, share=share)
 
+    def valid_tps(self, role: Role) -> list[int]:
+        """The TPs ``role`` may change to now (``validation.valid_tps``)."""
+        if not self.managed:
+            return [self.targets[role].tp]
+        per_node, _, _ = self.capacity()
+        other = self.targets[Role.DECODE if role is Role.PREFILL else Role.PREFILL].tp
+        return validation.valid_tps(self.model, self.hw, per_node, role, other)
+
     def set(self, role: Role, size: int | None, tp: int | None, actor: str,
             detail: str | None = None) -> PoolTarget:
         new = self.check(role, size, tp)

@@ -353,4 +353,5 @@ class Fleet:
                        "ready_at_desired_tp": at_tp},
             "converged": at_tp == target.size and others == 0,
             "quarantine": q.public(now) if q is not None else None,
+            "valid_tp": self.desired.valid_tps(role),
         }

@@ -50,6 +50,10 @@ def confirm_pending() -> None:
     elif p.kind == "drain" and p.instance_id is not None:
         iid = p.instance_id
         _send("drain", f"{iid} is draining", lambda: c.drain(iid))
+    elif p.kind == "routing" and p.patch:
+        patch = dict(p.patch)
+        _send("routing", "routing updated: " + ", ".join(
+            f"{k}={val}" for k, val in patch.items()), lambda: c.set_routing(patch))
 
 
 def cancel_pending() -> None:
@@ -109,7 +113,9 @@ def show_pending(section: str) -> None:
                        "every step until the pool has converged.")
         st.markdown("\n".join(f"- {e}" for e in change.effects))
         left, right = st.columns(2)
-        left.button("Confirm change", key=f"confirm-{section}", type="primary",
+        # The loud button only for a change that drains or stops something.
+        left.button("Confirm change", key=f"confirm-{section}",
+                    type="primary" if change.disruptive else "secondary",
                     on_click=confirm_pending)
         right.button("Cancel", key=f"cancel-{section}", on_click=cancel_pending)
 
@@ -147,9 +153,17 @@ def pool_form(role: Role, pool: PoolPublic, max_tp: int) -> None:
         # Keys carry the desired state, so the inputs reset when it changes.
         new_size = st.number_input(f"{role} size", min_value=0, max_value=10_000, value=size,
                                    step=1, key=f"{role}-size-{size}-{tp}")
-        new_tp = st.number_input(f"{role} TP", min_value=1, max_value=max(max_tp, tp),
-                                 value=tp, step=1, key=f"{role}-tp-{size}-{tp}",
-                                 help="tensor parallelism: accelerators per instance")
+        if pool.valid_tp:  # the controller's own list: only TPs it would accept
+            choices = sorted({*pool.valid_tp, tp})
+            new_tp = st.selectbox(
+                f"{role} TP", choices, index=choices.index(tp), key=f"{role}-tp-{size}-{tp}",
+                help="tensor parallelism: accelerators per instance; only the values that "
+                     "divide the model's heads, fit memory and a node, and pair with the "
+                     "other pool's TP")
+        else:  # an older controller: any TP, checked by its dry run
+            new_tp = st.number_input(f"{role} TP", min_value=1, max_value=max(max_tp, tp),
+                                     value=tp, step=1, key=f"{role}-tp-{size}-{tp}",
+                                     help="tensor parallelism: accelerators per instance")
         if st.form_submit_button(f"Review {role} change"):
             review_pool(role, size, tp, int(new_size), int(new_tp))
     show_pending(role)
@@ -223,16 +237,17 @@ def routing_form(current: RoutingPublic) -> None:
                 value=current.prefill_queue_timeout_s, step=5.0, key=f"r-pqt-{v}",
                 help="then the request is served colocated"),
         }
-        if st.form_submit_button("Apply routing"):
+        if st.form_submit_button("Review routing change"):
             patch = changes.routing_patch(current, wanted)
-            st.session_state.pop(OUTCOME, None)
-            if patch:
-                c = ui.client()
-                _send("routing", "routing updated: " + ", ".join(
-                    f"{k}={val}" for k, val in patch.items()), lambda: c.set_routing(patch))
-                st.rerun()  # show the new values; the outcome survives in session state
-            else:
-                st.session_state[OUTCOME] = ("routing", True, "nothing to change")
+            prompts = None
+            if "disagg_min_prompt_tokens" in patch:
+                try:
+                    prompts = [r.prompt_tokens for r in ui.recent_requests()]
+                except ApiError:
+                    prompts = None  # the preview is left out; the change itself is not
+            review("routing", changes.routing_change(current, patch, prompts)
+                   if patch else None)
+    show_pending("routing")
     show_outcome("routing")
 
 
@@ -245,7 +260,11 @@ except ApiError as exc:
     ui.card_error(exc)
     st.stop()
 max_tp = cluster.hardware.accelerators_per_node
+hw = cluster.hardware
 st.subheader("Pools")
+st.caption(f"Accelerators: {hw.used_accelerators} used of {hw.total_accelerators} "
+           f"({hw.nodes} node{'s' if hw.nodes != 1 else ''} x {hw.accelerators_per_node} "
+           f"{hw.accelerator}), {hw.total_accelerators - hw.used_accelerators} free")
 cols = st.columns(2)
 for col, pool_role in zip(cols, Role, strict=True):
     with col:

@@ -14,6 +14,7 @@ from pdctl_api.schema import QuarantinePublic, Role
 GRID_CHOICES = {"KV cache usage": "kv_cache_usage", "running": "running",
                 "waiting": "waiting", "state": "state"}
 STATES = ["starting", "ready", "draining", "failed", "stopped"]
+LIVE_STATES = ["starting", "ready", "draining", "failed"]  # the table's default: not stopped
 ROLES = [r.value for r in Role]
 
 st.title("Pools")
@@ -60,11 +61,16 @@ def overview() -> None:
             pool_card(row, inst, cl.pools[Role(row["role"])].quarantine)
     choice = st.segmented_control("Colour instances by", list(GRID_CHOICES),
                                   default="KV cache usage", key="pools_grid_metric")
-    if inst.empty:
-        st.info("No instances.")
-        return
-    metric = GRID_CHOICES.get(choice or "KV cache usage", "kv_cache_usage")
-    st.altair_chart(charts.instance_grid(inst, metric))
+    live = frames.live_instances(inst)
+    if live.empty:
+        st.info("No live instances.")
+    else:
+        metric = GRID_CHOICES.get(choice or "KV cache usage", "kv_cache_usage")
+        st.altair_chart(charts.instance_grid(live, metric))
+    ended = len(inst) - len(live)
+    if ended:
+        st.caption(f"Live instances only: {ended} stopped or failed "
+                   f"instance{'s are' if ended > 1 else ' is'} in the table below.")
 
 
 COLUMNS = {
@@ -89,7 +95,9 @@ def table() -> None:
     st.subheader("Instances")
     left, right = st.columns(2)
     roles = left.multiselect("Role", ROLES, default=ROLES, key="pools_roles")
-    states = right.multiselect("State", STATES, default=STATES, key="pools_states")
+    states = right.multiselect("State", STATES, default=LIVE_STATES, key="pools_states",
+                               help="stopped instances are hidden unless chosen here; their "
+                                    "load and that of failed ones is left blank (stale)")
     try:
         inst = frames.instances_frame(ui.cluster().instances)
     except ApiError as exc:
@@ -99,6 +107,48 @@ def table() -> None:
     st.dataframe(shown[list(COLUMNS)], column_config=COLUMNS, hide_index=True,
                  height=min(600, 38 + 35 * max(1, len(shown))), width="stretch")
     st.caption(f"{len(shown)} of {len(inst)} instances")
+
+
+@st.fragment
+def drill_down() -> None:
+    """One instance: its figures, its audit events and the tail of its engine's log."""
+    st.subheader("Instance")
+    try:
+        cl = ui.cluster()
+    except ApiError as exc:
+        ui.card_error(exc)
+        return
+    ids = [i.id for i in cl.instances]
+    if not ids:
+        st.info("No instances.")
+        return
+    iid = st.selectbox("instance", ids, index=None, placeholder="choose an instance to open",
+                       key="pools_instance")
+    if iid is None:
+        return
+    chosen = next((i for i in cl.instances if i.id == iid), None)
+    if chosen is None:
+        st.warning(f"{iid} is no longer known to the controller.")
+        return
+    cols = st.columns(4)
+    cols[0].metric("State", chosen.state.value)
+    cols[1].metric("TP", chosen.tp)
+    ended = chosen.state.value in frames.ENDED_STATES
+    cols[2].metric("In flight", "—" if ended else chosen.load.inflight)
+    cols[3].metric("KV cache", "—" if ended else f"{chosen.load.kv_cache_usage:.0%}")
+    if chosen.last_error:
+        st.error(chosen.last_error)
+    try:
+        events = [e for e in ui.events(500, None) if e.target == iid]
+        log = ui.client().instance_log(iid, lines=40).log
+    except ApiError as exc:
+        ui.card_error(exc)
+        return
+    st.markdown("**Its events** (newest first)")
+    st.dataframe(frames.events_frame(events), hide_index=True, width="stretch",
+                 height=min(300, 38 + 35 * max(1, len(events))))
+    st.markdown("**The tail of its engine's log** (`/api/v1/instances/{id}/log`)")
+    st.code(log or "(empty)", language=None)
 
 
 LOAD_QUERIES = tuple(prom.LOAD_METRICS)
@@ -125,3 +175,4 @@ def load_over_time() -> None:
 overview()
 load_over_time()
 table()
+drill_down()

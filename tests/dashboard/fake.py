@@ -225,7 +225,11 @@ class FakeController:
                                            if i.state is InstanceState.DRAINING),
                            "ready_at_desired_tp": ready},
                 "converged": ready == t.size,
-                **({} if self.legacy else {"quarantine": self.quarantine_view(role)})}
+                **({} if self.legacy else {
+                    "quarantine": self.quarantine_view(role),
+                    "valid_tp": validation.valid_tps(
+                        MODEL, HW, 8, role, self.targets[Role.DECODE if role is Role.PREFILL
+                                                         else Role.PREFILL].tp)})}
 
     def quarantine_view(self, role: Role) -> dict[str, Any] | None:
         q, now = self.quarantine.get(role), time.time()

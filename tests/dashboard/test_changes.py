@@ -81,3 +81,28 @@ def test_routing_patch_has_only_changed_fields() -> None:
               "transfer_alert_share": 0.3}
     assert changes.routing_patch(current, wanted) == {"decode_policy": "round_robin",
                                                       "transfer_alert_share": 0.3}
+
+
+def test_routing_change_lists_fields_previews_a_threshold_and_marks_tightening() -> None:
+    current = RoutingPublic(prefill_policy="round_robin", decode_policy="least_loaded",
+                            disagg_min_prompt_tokens=512, transfer_alert_share=0.2,
+                            max_attempts=3, request_timeout_s=600.0, max_inflight=1024)
+    prompts = [100, 600, 700, 900, 2000]
+    up = changes.routing_change(current, {"disagg_min_prompt_tokens": 1000}, prompts)
+    assert up.kind == "routing" and not up.disruptive
+    assert up.patch == (("disagg_min_prompt_tokens", 1000),)
+    assert up.effects[0] == "`disagg_min_prompt_tokens`: 512 → 1000"
+    assert up.effects[1] == ("of the last 5 requests, 3 (60%) had prompts of 512-999 tokens: "
+                             "they would have gone colocated instead of disaggregated")
+    down = changes.routing_change(current, {"disagg_min_prompt_tokens": 100}, prompts)
+    assert "1 (20%) had prompts of 100-511 tokens" in down.effects[1]
+    assert "disaggregated instead of colocated" in down.effects[1]
+    assert "no recent requests" in changes.routing_change(
+        current, {"disagg_min_prompt_tokens": 100}, []).effects[1]
+    # A limit that tightens refuses or cuts requests: disruptive; loosening or lifting is not.
+    assert changes.routing_change(current, {"max_inflight": 64}).disruptive
+    assert changes.routing_change(current, {"request_timeout_s": 30.0}).disruptive
+    assert changes.routing_change(current, {"prefill_max_inflight": 4}).disruptive  # 0 -> 4
+    assert not changes.routing_change(current, {"max_inflight": 0}).disruptive
+    assert not changes.routing_change(current, {"max_inflight": 4096}).disruptive
+    assert not changes.routing_change(current, {"decode_policy": "round_robin"}).disruptive

@@ -127,8 +127,9 @@ def review_pool(at: AppTest, role: str, size: int | None = None, tp: int | None 
                 ) -> AppTest:
     if size is not None:
         by_label(at.number_input, f"{role} size").set_value(size)
-    if tp is not None:
-        by_label(at.number_input, f"{role} TP").set_value(tp)
+    if tp is not None:  # a choice of valid TPs; a number on an older controller
+        tps = [w for w in at.selectbox if w.label == f"{role} TP"]
+        (tps[0] if tps else by_label(at.number_input, f"{role} TP")).set_value(tp)
     by_label(at.button, f"Review {role} change").click()
     return at.run()
 
@@ -144,6 +145,7 @@ def test_scale_down_needs_confirmation(console: Console, fake: FakeController) -
     # The controller's plan: the least loaded decode instance drains.
     assert "**drain** decode-2" in texts(at.markdown)
     assert "scale decode down to 1" in texts(at.markdown)
+    assert at.button(key="confirm-decode").proto.type == "primary"  # the loud one
     at.button(key="confirm-decode").click().run()
     no_exceptions(at)
     assert fake.changes() == [("PATCH", "/api/v1/pools/decode", {"size": 1})]
@@ -176,8 +178,17 @@ def test_scale_up_is_reviewed_then_sent(console: Console, fake: FakeController) 
     assert by_label(at.number_input, "decode size").value == 2
 
 
+def test_only_valid_tps_are_offered(console: Console, fake: FakeController) -> None:
+    at = console(fake, "controls")
+    # Llama-3-70B: 64 heads, 8 KV heads; TP2 does not fit 70B in 2 x 80 GB... per the
+    # controller's own validation; prefill TP4 pairs with decode TPs that divide or multiply 4.
+    assert by_label(at.selectbox, "decode TP").options == ["2", "4", "8"]
+    assert by_label(at.selectbox, "prefill TP").options == ["2", "4", "8"]
+
+
 def test_refused_change_shows_the_detail_verbatim(console: Console,
                                                   fake: FakeController) -> None:
+    fake.legacy = True  # an older controller offers no list of valid TPs: any may be asked
     at = console(fake, "controls")
     review_pool(at, "decode", tp=3)  # the dry run refuses it: nothing to confirm
     no_exceptions(at)
@@ -228,9 +239,14 @@ def test_routing_change_sends_only_changed_fields(console: Console,
     at = console(fake, "controls")
     by_label(at.selectbox, "decode policy").set_value("round_robin")
     by_label(at.number_input, "disaggregate from prompt tokens").set_value(1024)
-    by_label(at.button, "Apply routing").click()
+    by_label(at.button, "Review routing change").click()
     at.run()
     no_exceptions(at)
+    assert fake.changes() == [], "nothing is sent before the operator confirms"
+    assert "Confirm — routing: disagg_min_prompt_tokens, decode_policy" in texts(at.info)
+    assert "would have gone colocated instead of disaggregated" in texts(at.markdown)
+    assert by_label(at.button, "Confirm change").proto.type == "secondary"  # harmless
+    at.button(key="confirm-routing").click().run()
     assert fake.changes() == [("PATCH", "/api/v1/routing",
                                {"decode_policy": "round_robin",
                                 "disagg_min_prompt_tokens": 1024})]
@@ -240,8 +256,9 @@ def test_routing_change_sends_only_changed_fields(console: Console,
 def test_refused_routing_change_shows_detail(console: Console, fake: FakeController) -> None:
     at = console(fake, "controls")
     by_label(at.number_input, "disaggregate from prompt tokens").set_value(2_000_000)
-    by_label(at.button, "Apply routing").click()
+    by_label(at.button, "Review routing change").click()
     at.run()
+    at.button(key="confirm-routing").click().run()
     assert "disagg_min_prompt_tokens: must be at most 1000000" in texts(at.error)
     assert fake.routing["disagg_min_prompt_tokens"] == 512
 

@@ -8,6 +8,12 @@
 3. a scaled simulation says so on every page, and the Transfer page compares bandwidth with
    the link in modelled time (it showed several times the link's ceiling).
 
+Then problems 7 and 8 of the same issue: the Pools page shows live instances only (stopped
+ones leave the grid and the table's default view) and opens an instance with its events and
+log; the Controls page offers only the TPs the controller accepts, shows the accelerators
+used and free, reviews a routing change (with a preview of a threshold change from the recent
+prompts) before sending it, and records the operator's name as the actor.
+
 Each test saves screenshots to ``artifacts/screenshots/``.
 """
 
@@ -79,6 +85,23 @@ def metric(page: Any, label: str) -> str:
     return str(card.first.locator('[data-testid="stMetricValue"]').inner_text())
 
 
+def choose(page: Any, label: str, option: str | re.Pattern[str]) -> None:
+    """Pick ``option`` in the select box labelled ``label``."""
+    box = page.get_by_role("combobox", name=label, exact=True)
+    box.click()
+    if box.get_attribute("aria-expanded") != "true":  # a click does not always open it
+        box.press("ArrowDown")
+    page.get_by_role("option", name=option, exact=isinstance(option, str)).click()
+
+
+def operator(page: Any, name: str) -> None:
+    """The operator's name in the sidebar: the audit log names the console's changes by it."""
+    field = page.get_by_role("textbox", name="Operator", exact=True)
+    field.fill(name)
+    field.press("Enter")
+    page.wait_for_timeout(500)
+
+
 def number(text: str) -> float:
     m = re.search(r"-?[\d.]+", text.replace(",", ""))
     assert m is not None, text
@@ -92,8 +115,8 @@ def test_an_instance_is_drained_from_the_console_under_load(
     victim = controller.get("/instances?role=decode")[0]["id"]
     with Load(controller.url, workers=8, long_only=True) as load, browser(tmp_path) as page:
         open_page(page, console, "controls")
-        page.get_by_role("combobox", name="instance", exact=True).click()
-        page.get_by_role("option", name=re.compile(f"^{re.escape(victim)} ")).click()
+        operator(page, "alice")
+        choose(page, "instance", re.compile(f"^{re.escape(victim)} "))
         # Several live refreshes pass with the load changing every instance's figures.
         page.wait_for_timeout(4_000)
         page.get_by_role("button", name="Review drain").click()
@@ -109,7 +132,7 @@ def test_an_instance_is_drained_from_the_console_under_load(
     assert res.failures == [], res.failures[:5]
     drained = [e for e in controller.get("/events?kind=instance.draining")
                if e["target"] == victim]
-    assert drained and drained[0]["actor"] == "pdctl-console", drained
+    assert drained and drained[0]["actor"] == "pdctl-console/alice", drained
 
 
 def test_the_request_rate_is_what_arrives_while_the_controller_is_younger_than_the_window(
@@ -149,3 +172,68 @@ def test_scaled_time_is_said_on_every_page_and_bandwidth_is_compared_in_modelled
     assert res.failures == [], res.failures[:5]
     assert achieved > 0
     assert 0 < number(share) <= 100, share  # the link is never beaten in modelled time
+
+
+def test_pools_show_live_instances_and_open_one_with_its_events_and_log(
+        controller: ControllerProc, console: str, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    with Load(controller.url, workers=4, long_only=True) as load:
+        time.sleep(2.0)
+        controller.api("PATCH", "/pools/decode", {"size": 1}).raise_for_status()
+        controller.wait_converged(timeout=60)
+        res = load.stop()
+    assert res.failures == [], res.failures[:5]
+    decode = controller.get("/instances?role=decode")
+    [stopped] = [i["id"] for i in decode if i["state"] == "stopped"]
+    [live] = [i["id"] for i in decode if i["state"] == "ready"]
+    with browser(tmp_path) as page:
+        open_page(page, console, "pools")
+        expect(page.get_by_text("Live instances only: 1 stopped or failed instance is in the "
+                                "table below.")).to_be_visible(timeout=15_000)
+        table = page.locator('[data-testid="stDataFrame"]').first
+        expect(table).to_be_visible()
+        expect(page.get_by_text("2 of 3 instances")).to_be_visible()  # stopped: not listed
+        choose(page, "instance", live)
+        expect(page.get_by_text("The tail of its engine's log")).to_be_visible(timeout=15_000)
+        expect(page.get_by_text("decode hop for KV handle").first).to_be_visible()
+        expect(page.get_by_text("Its events")).to_be_visible()
+        shoot(page, "pools-instance")
+    assert stopped != live
+
+
+def test_controls_offer_valid_tps_show_capacity_and_review_a_routing_change(
+        controller: ControllerProc, console: str, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    with Load(controller.url, workers=3) as load, browser(tmp_path) as page:
+        page.wait_for_timeout(3_000)  # recent requests for the threshold preview
+        open_page(page, console, "controls")
+        operator(page, "bob")
+        expect(page.get_by_text(re.compile(r"^Accelerators: 8 used of 32 \(4 nodes x 8 "
+                                           r"h100-sxm\), 24 free$"))).to_be_visible()
+        box = page.get_by_role("combobox", name="decode TP", exact=True)
+        box.click()
+        if box.get_attribute("aria-expanded") != "true":
+            box.press("ArrowDown")
+        options = page.get_by_role("option")
+        expect(options).to_have_count(3)  # only what the controller would accept
+        assert options.all_inner_texts() == ["2", "4", "8"]
+        page.keyboard.press("Escape")
+        threshold = page.get_by_role("spinbutton", name="disaggregate from prompt tokens")
+        threshold.fill("100000")
+        threshold.press("Tab")
+        page.get_by_role("button", name="Review routing change").click()
+        expect(page.get_by_text("Confirm — routing: disagg_min_prompt_tokens")).to_be_visible(
+            timeout=15_000)
+        expect(page.get_by_text(re.compile(r"of the last \d+ requests, \d+ \(\d+%\) had "
+                                           "prompts of 256-99999 tokens"))).to_be_visible()
+        assert controller.get("/routing")["disagg_min_prompt_tokens"] == 256  # not yet sent
+        shoot(page, "controls-routing-review")
+        page.get_by_role("button", name="Confirm change").click()
+        expect(page.get_by_text("routing updated")).to_be_visible(timeout=15_000)
+        res = load.stop()
+    assert res.failures == [], res.failures[:5]
+    assert controller.get("/routing")["disagg_min_prompt_tokens"] == 100000
+    [event] = controller.get("/events?kind=routing.update")
+    assert event["actor"] == "pdctl-console/bob", event

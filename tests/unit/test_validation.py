@@ -58,3 +58,18 @@ def test_valid_change_returns_new_targets_and_leaves_input_alone() -> None:
     out = change(Role.DECODE, 3, 4)
     assert out[Role.DECODE] == PoolTarget(3, 4)
     assert BASE[Role.DECODE] == PoolTarget(1, 2)
+
+
+def test_valid_tps_are_exactly_those_check_change_accepts() -> None:
+    from controller.validation import valid_tps
+
+    # 70B on H100: TP1 does not fit memory, 3/5/6/7 do not divide 64 heads and 8 KV heads.
+    assert valid_tps(M70, H100, 8, Role.DECODE, other_tp=4) == [2, 4, 8]
+    assert valid_tps(M70, H100, 4, Role.DECODE, other_tp=4) == [2, 4]  # within a node
+    for tp in range(1, 9):
+        try:
+            change(Role.DECODE, tp=tp)
+            accepted = True
+        except InvalidChange:
+            accepted = False
+        assert accepted == (tp in valid_tps(M70, H100, 8, Role.DECODE, other_tp=4)), tp
