@@ -57,7 +57,7 @@ ABOUT = ("The controller app in-process with SYNTHETIC state (100,000 request re
 CHROMIUM = Path("/usr/bin/chromium")
 PAGES = ["overview", "transfer", "pools", "controls", "advisor", "events"]
 PREFILL, DECODE = 40, 80
-CHARTS = {"overview": 5, "transfer": 3, "pools": 1, "controls": 0, "advisor": 1, "events": 0}
+CHARTS = {"overview": 5, "transfer": 4, "pools": 1, "controls": 0, "advisor": 1, "events": 0}
 WINDOWS = (60.0, 300.0, 900.0)
 
 

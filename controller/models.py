@@ -36,6 +36,7 @@ class Instance:
     recent_xfer_ms: float = 0.0  # mean NIXL transfer time since the previous poll
     kv_expired: float = 0.0  # cumulative, vllm:nixl_num_kv_expired_reqs (prefill side)
     kv_after_expiry: float = 0.0  # cumulative, vllm:nixl_num_notifications_after_expiry
+    nixl_failed: float = 0.0  # cumulative, vllm:nixl_num_failed_transfers (decode side)
     health_failures: int = 0
     ended_at: float | None = None
     last_error: str | None = None
@@ -63,7 +64,8 @@ class Instance:
             "nixl": {"transfers": self.nixl_xfers, "seconds": self.nixl_xfer_s,
                      "bytes": self.nixl_bytes, "recent_xfer_ms": self.recent_xfer_ms,
                      "kv_expired_requests": self.kv_expired,
-                     "notifications_after_expiry": self.kv_after_expiry},
+                     "notifications_after_expiry": self.kv_after_expiry,
+                     "failed_transfers": self.nixl_failed},
             "last_error": self.last_error,
             "pid": self.pid,
             "node": self.node,

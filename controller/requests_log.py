@@ -38,7 +38,7 @@ def _summaries(columns: np.ndarray) -> list[dict[str, float]]:
 
 STATUSES = ("ok", "error", "cancelled", "rejected")
 NUMERIC = ("started_at", "ttft_ms", *COMPONENTS, "prompt_tokens", "output_tokens", "itl_ms",
-           "kv_bytes", "gap_p99_ms", "gap_max_ms", "gaps", "e2e_ms")
+           "kv_bytes", "gap_p99_ms", "gap_max_ms", "gaps", "e2e_ms", "retries")
 _numeric_row = attrgetter(*NUMERIC)
 COL = {name: k for k, name in enumerate(NUMERIC)}
 
@@ -214,7 +214,17 @@ def stats(records: Columns | list[RequestRecord], window_s: float, alert_share: 
         "kv": _kv(c, covered),
         "transfer_share": {**share, "alert_share": alert_share,
                            "alert": bool(shares.size) and share["p50"] > alert_share},
+        "by_path": {"disaggregated": _path(c, c.disagg), "colocated": _path(c, ~c.disagg)},
     }
+
+
+def _path(c: Columns, mask: np.ndarray) -> dict[str, Any]:
+    mine = c.select(mask)
+    ok = mine.select(mine.ok)
+    ttft, transfer = _summaries(np.stack([ok.col("ttft_ms"), ok.col("transfer_ms")], axis=1))
+    return {"requests": len(mine),
+            "failed": int((mine.status == STATUSES.index("error")).sum()),
+            "retries": int(mine.col("retries").sum()), "ttft_ms": ttft, "transfer_ms": transfer}
 
 
 def mean(values: Iterable[float]) -> float:
@@ -244,6 +254,8 @@ def _bucket(t: float, step_s: float, c: Columns) -> dict[str, Any]:
     gap_p99 = ok.col("gap_p99_ms")[streamed]
     n_disagg = int(ok.disagg.sum())
     kv = _kv(c, step_s)
+    xfer = ok.select(ok.disagg).col("transfer_ms")
+    xq = percentiles(xfer) if xfer.size else None
     return {
         "t": t,
         "requests": len(c),
@@ -260,4 +272,6 @@ def _bucket(t: float, step_s: float, c: Columns) -> dict[str, Any]:
         "kv_bytes": kv["bytes"],
         "kv_bytes_per_s": kv["bytes_per_s"],
         "transfer_gbps": kv["transfer_gbps"],
+        "transfer_p50_ms": xq["p50"] if xq else None,
+        "transfer_p99_ms": xq["p99"] if xq else None,
     }

@@ -126,6 +126,15 @@ def achieved_bandwidth(ts: pd.DataFrame, ceiling_gbps: float, link: str) -> alt.
     return alt.LayerChart(layer=[line, rule, text], height=HEIGHT)
 
 
+def transfer_percentiles(df: pd.DataFrame) -> alt.Chart:
+    """KV transfer p50 and p99 per bucket (``time, percentile, ms``)."""
+    return alt.Chart(df, height=HEIGHT).mark_line(point=True).encode(
+        x=TIME, y=alt.Y("ms:Q", title="KV transfer (ms)", scale=alt.Scale(domainMin=0)),
+        color=alt.Color("percentile:N", legend=alt.Legend(orient="bottom")),
+        tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"), "percentile:N",
+                 alt.Tooltip("ms:Q", format=".1f")])
+
+
 def kv_bytes_vs_prompt(requests: pd.DataFrame, expected: pd.DataFrame) -> alt.LayerChart:
     """KV bytes of each disaggregated request against its prompt length, with the model's
     bytes-per-token line."""

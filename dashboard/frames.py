@@ -107,6 +107,44 @@ def timeseries_frame(ts: TimeseriesPublic) -> pd.DataFrame:
     return df
 
 
+def transfer_percentiles_long(ts: TimeseriesPublic) -> pd.DataFrame:
+    """KV transfer p50/p99 of each bucket's disaggregated requests (``time, percentile,
+    ms``); buckets without any are left out."""
+    rows = [(b.t, q, v) for b in ts.buckets
+            for q, v in (("p50", b.transfer_p50_ms), ("p99", b.transfer_p99_ms))
+            if v is not None]
+    df = pd.DataFrame(rows, columns=["t", "percentile", "ms"])
+    df["time"] = _when(df["t"].to_numpy())
+    return df[["time", "percentile", "ms"]]
+
+
+def path_table(stats: StatsPublic) -> pd.DataFrame:
+    """One row per path: requests, failed, retried hops, TTFT and KV transfer p50/p99."""
+    rows = [(name, p.requests, p.failed, p.retries, p.ttft_ms.p50, p.ttft_ms.p99,
+             p.transfer_ms.p50 if name == "disaggregated" else None,
+             p.transfer_ms.p99 if name == "disaggregated" else None)
+            for name, p in (stats.by_path or {}).items()]
+    return pd.DataFrame(rows, columns=["path", "requests", "failed", "retries", "ttft_p50",
+                                       "ttft_p99", "transfer_p50", "transfer_p99"])
+
+
+def pair_table(requests: pd.DataFrame, scale: float = 1.0) -> pd.DataFrame:
+    """Per prefill -> decode pair among the recent disaggregated requests: requests, KV
+    moved, mean transfer, bandwidth (bytes / transfer time, x ``scale`` for modelled time)."""
+    d = requests[(requests["path"] == "disaggregated") & (requests["transfer_ms"] > 0)]
+    if d.empty:
+        return pd.DataFrame(columns=["pair", "requests", "kv_gb", "transfer_ms", "gbps"])
+    g = d.groupby(["prefill_instance", "decode_instance"], sort=True).agg(
+        requests=("id", "count"), kv_bytes=("kv_bytes", "sum"),
+        transfer_ms=("transfer_ms", "mean"), transfer_total=("transfer_ms", "sum"))
+    g = g.reset_index()
+    return pd.DataFrame({
+        "pair": g["prefill_instance"] + " → " + g["decode_instance"],
+        "requests": g["requests"], "kv_gb": g["kv_bytes"] / 1e9,
+        "transfer_ms": g["transfer_ms"],
+        "gbps": g["kv_bytes"] / 1e9 / (g["transfer_total"] / 1e3) * scale})
+
+
 def ts_parts_long(ts: pd.DataFrame) -> pd.DataFrame:
     """Mean TTFT parts per bucket (stackable: the means add up to the mean TTFT)."""
     busy = ts[ts["requests"] > 0]

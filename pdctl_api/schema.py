@@ -122,6 +122,9 @@ class NixlPublic(Public):
     recent_xfer_ms: float
     kv_expired_requests: float | None = None
     notifications_after_expiry: float | None = None
+    failed_transfers: float | None = Field(None, description=(
+        "KV pulls that failed on this (decode) engine, cumulative "
+        "(vllm:nixl_num_failed_transfers); None from an older controller"))
 
 
 class InstancePublic(Public):
@@ -287,6 +290,16 @@ class KvWindowPublic(Public):
     transfer_gbps: float
 
 
+class PathStats(Public):
+    """One path's requests in a window: how many, failed, retried; TTFT and KV transfer."""
+
+    requests: int
+    failed: int = Field(description="ended in an error (not cancelled by the client)")
+    retries: int = Field(description="hops retried on another instance, summed")
+    ttft_ms: Percentiles
+    transfer_ms: Percentiles
+
+
 class TransferShare(Percentiles):
     """transfer_ms / ttft_ms over disaggregated requests, and the alert on its median."""
 
@@ -361,6 +374,9 @@ class StatsPublic(Public):
     total_requests: int
     admission: AdmissionPublic | None = None
     kv_integrity: KvIntegrityPublic | None = None
+    by_path: dict[str, PathStats] | None = Field(None, description=(
+        "disaggregated and colocated apart (a mean over both mixes colocated requests' zero "
+        "transfer in); None from an older controller"))
 
 
 class TtftBucket(Public):
@@ -396,6 +412,9 @@ class BucketPublic(Public):
     kv_bytes: float
     kv_bytes_per_s: float
     transfer_gbps: float
+    transfer_p50_ms: float | None = Field(None, description=(
+        "KV transfer of the bucket's disaggregated requests; None: none"))
+    transfer_p99_ms: float | None = None
 
 
 class TimeseriesPublic(Public):

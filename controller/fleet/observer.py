@@ -26,6 +26,7 @@ LOAD_SERIES = {
     "vllm:nixl_bytes_transferred_sum": "nixl_bytes",
     "vllm:nixl_num_kv_expired_reqs_total": "kv_expired",
     "vllm:nixl_num_notifications_after_expiry_total": "kv_after_expiry",
+    "vllm:nixl_num_failed_transfers_total": "nixl_failed",
 }
 METRICS_TIMEOUT_S = 2.0
 OVERLOAD_MIN = 2  # timeouts in one sweep before "all timed out" reads as controller overload
@@ -43,6 +44,7 @@ class Load:
     nixl_bytes: float = 0.0  # cumulative, vllm:nixl_bytes_transferred_sum
     kv_expired: float = 0.0  # cumulative, vllm:nixl_num_kv_expired_reqs (prefill side)
     kv_after_expiry: float = 0.0  # cumulative, vllm:nixl_num_notifications_after_expiry
+    nixl_failed: float = 0.0  # cumulative, vllm:nixl_num_failed_transfers (decode side)
 
     @classmethod
     def parse(cls, text: str) -> Load:

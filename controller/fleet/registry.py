@@ -214,6 +214,7 @@ class Registry:
         inst.nixl_xfers, inst.nixl_xfer_s = load.nixl_xfers, load.nixl_xfer_s
         inst.nixl_bytes = load.nixl_bytes
         inst.kv_expired, inst.kv_after_expiry = load.kv_expired, load.kv_after_expiry
+        inst.nixl_failed = load.nixl_failed
 
     def _refresh(self, role: Role) -> None:
         members = sorted((i for i in self._instances.values()

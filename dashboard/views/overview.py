@@ -46,6 +46,11 @@ def headline() -> None:
         c = s.components_ms.part(part)
         col.metric(frames.PART_LABELS[part], ui.fmt_ms(c.mean),
                    help=f"p50 {c.p50:.2f} · p90 {c.p90:.2f} · p99 {c.p99:.2f} ms")
+    d = (s.by_path or {}).get("disaggregated")
+    if d is not None and d.requests:
+        st.caption(f"KV transfer of the disaggregated requests alone: p50 "
+                   f"{ui.fmt_ms(d.transfer_ms.p50)} · p99 {ui.fmt_ms(d.transfer_ms.p99)} (the "
+                   "mean above counts colocated requests, which move no KV, as 0)")
     with st.expander("Percentiles of TTFT and each part (ms)"):
         st.dataframe(frames.components_table(s), hide_index=True, width="stretch")
 

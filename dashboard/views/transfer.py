@@ -104,6 +104,75 @@ def prom_over_time(left: Any, right: Any, res: dict[str, prom.Result], link: str
     right.altair_chart(charts.bandwidth_by_source(bw, ceiling, link), width="stretch")
 
 
+PATH_COLUMNS = {
+    "path": st.column_config.TextColumn("path"),
+    "requests": st.column_config.NumberColumn("requests", format="%d"),
+    "failed": st.column_config.NumberColumn("failed", format="%d"),
+    "retries": st.column_config.NumberColumn("retried hops", format="%d"),
+    "ttft_p50": st.column_config.NumberColumn("TTFT p50 (ms)", format="%.1f"),
+    "ttft_p99": st.column_config.NumberColumn("TTFT p99 (ms)", format="%.1f"),
+    "transfer_p50": st.column_config.NumberColumn("KV transfer p50 (ms)", format="%.1f"),
+    "transfer_p99": st.column_config.NumberColumn("KV transfer p99 (ms)", format="%.1f"),
+}
+PAIR_COLUMNS = {
+    "pair": st.column_config.TextColumn("prefill → decode"),
+    "requests": st.column_config.NumberColumn("requests", format="%d"),
+    "kv_gb": st.column_config.NumberColumn("KV moved (GB)", format="%.2f"),
+    "transfer_ms": st.column_config.NumberColumn("mean transfer (ms)", format="%.1f"),
+    "gbps": st.column_config.NumberColumn("bandwidth (GB/s)", format="%.1f"),
+}
+
+
+@st.fragment(run_every=ui.run_every())
+def by_path() -> None:
+    """Each path on its own: a mean over both would count colocated requests' zero transfer."""
+    st.subheader("By path")
+    try:
+        s, cl = ui.stats(window), ui.cluster()
+        ts = ui.timeseries(window)
+    except ApiError as exc:
+        ui.card_error(exc)
+        return
+    if s.by_path is None:
+        st.caption("This controller does not report statistics per path.")
+        return
+    failed = sum(i.nixl.failed_transfers or 0.0 for i in cl.instances)
+    d = s.by_path["disaggregated"]
+    cols = st.columns(3)
+    cols[0].metric("KV transfer p50 · p99 (disaggregated)",
+                   f"{ui.fmt_ms(d.transfer_ms.p50)} · {ui.fmt_ms(d.transfer_ms.p99)}"
+                   if d.requests else "no data",
+                   help="over the window's disaggregated requests only; wall time")
+    cols[1].metric("Failed KV pulls", f"{failed:g}",
+                   help="cumulative over the live decode engines "
+                        "(vllm:nixl_num_failed_transfers)")
+    cols[2].metric("Retried hops", f"{d.retries + s.by_path['colocated'].retries}",
+                   help="hops the router sent again to another instance, in the window")
+    st.dataframe(frames.path_table(s), column_config=PATH_COLUMNS, hide_index=True,
+                 width="stretch")
+    left, right = st.columns(2)
+    left.markdown("**KV transfer percentiles over time** (disaggregated requests)")
+    xfer = frames.transfer_percentiles_long(ts)
+    if xfer.empty:
+        left.info("No disaggregated requests in the window.")
+    else:
+        left.altair_chart(charts.transfer_percentiles(xfer), width="stretch")
+    scale = cl.time_scale
+    modelled = "; bandwidth in modelled time" if scale != 1 else ""
+    right.markdown(f"**Per prefill → decode pair** (last {SCATTER_LIMIT} requests{modelled})")
+    try:
+        pairs = frames.pair_table(frames.requests_frame(ui.recent_requests(SCATTER_LIMIT)),
+                                  scale)
+    except ApiError as exc:
+        ui.card_error(exc)
+        return
+    if pairs.empty:
+        right.info("No disaggregated requests among the recent ones.")
+    else:
+        right.dataframe(pairs, column_config=PAIR_COLUMNS, hide_index=True, width="stretch",
+                        height=min(360, 38 + 35 * len(pairs)))
+
+
 @st.fragment(run_every=ui.run_every())
 def per_request() -> None:
     st.subheader("KV bytes per request vs prompt length")
@@ -173,5 +242,6 @@ def leases() -> None:
 
 headline()
 over_time()
+by_path()
 per_request()
 leases()

@@ -241,3 +241,28 @@ def test_instances_frame_names_each_instances_node() -> None:
     df = frames.instances_frame(public(instances)).set_index("id")
     assert df.loc["decode-2", "node"] == "10.0.0.7"
     assert df.loc["prefill-1", "node"] == df.loc["decode-3", "node"] == frames.LOCAL_NODE
+
+
+def test_paths_apart_pairs_and_transfer_percentiles_over_time() -> None:
+    records = make_records(300, transfer_ms=5.0)
+    s = StatsPublic.model_validate({**stats(records, 60.0, 0.2), "pools": {},
+                                    "total_requests": 300})
+    table = frames.path_table(s).set_index("path")
+    assert table.loc["disaggregated", "requests"] == 200
+    assert table.loc["colocated", "requests"] == 100
+    # Disaggregated alone: 5 ms; a mean over both paths would say 3.3 ms.
+    assert table.loc["disaggregated", "transfer_p50"] == 5.0
+    assert s.components_ms.transfer.mean == pytest.approx(5.0 * 2 / 3)
+    assert pd.isna(table.loc["colocated", "transfer_p50"])
+    reqs = frames.requests_frame([RequestPublic.model_validate(r.public()) for r in records])
+    pairs = frames.pair_table(reqs, scale=0.5)
+    assert list(pairs["pair"]) == ["prefill-1 → decode-2"]
+    row = pairs.iloc[0]
+    assert row["requests"] == 200 and row["transfer_ms"] == 5.0
+    assert row["gbps"] == pytest.approx(row["kv_gb"] / (200 * 5.0 / 1e3) * 0.5)
+    ts = TimeseriesPublic.model_validate({"window_s": 30.0, "step_s": 10.0, "now": 0.0,
+                                          "buckets": timeseries(records, 30.0, 10.0,
+                                                                time.time())})
+    long = frames.transfer_percentiles_long(ts)
+    assert set(long["percentile"]) == {"p50", "p99"} and set(long["ms"]) == {5.0}
+    charts.transfer_percentiles(long).to_dict()

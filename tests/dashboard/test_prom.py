@@ -196,7 +196,7 @@ def test_transfer_bandwidth_from_engine_nixl_counters(app: Any) -> None:
         query_name(q) for q in fake.queries}
     assert "vllm:nixl_bytes_transferred" in captions(at)
     assert "source" in specs(at)
-    assert len(at.get("vega_lite_chart")) == 3
+    assert len(at.get("vega_lite_chart")) == 4  # + KV transfer percentiles (the API)
 
 
 def test_pools_page_adds_engine_load_over_time(app: Any) -> None:
@@ -209,7 +209,7 @@ def test_pools_page_adds_engine_load_over_time(app: Any) -> None:
 
 
 def test_without_prometheus_the_pages_use_the_api(app: Any) -> None:
-    for page, n in (("overview", 5), ("transfer", 3), ("pools", 1)):
+    for page, n in (("overview", 5), ("transfer", 4), ("pools", 1)):
         at = app(page, None)
         assert len(at.get("vega_lite_chart")) == n, page
         assert "Prometheus" not in captions(at)

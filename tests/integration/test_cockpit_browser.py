@@ -29,7 +29,13 @@ from typing import Any
 import pytest
 
 from tests.integration.harness import ControllerProc, Load, start_controller
-from tests.integration.test_console_browser import CHROMIUM, CHROMIUM_ARGS, SHOTS, console
+from tests.integration.test_console_browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    DRAWN,
+    SHOTS,
+    console,
+)
 
 __all__ = ["console"]  # the fixture, on this module's controller
 
@@ -237,3 +243,26 @@ def test_controls_offer_valid_tps_show_capacity_and_review_a_routing_change(
     assert controller.get("/routing")["disagg_min_prompt_tokens"] == 100000
     [event] = controller.get("/events?kind=routing.update")
     assert event["actor"] == "pdctl-console/bob", event
+
+
+def test_transfer_page_shows_each_path_apart_pairs_and_transfer_over_time(
+        controller: ControllerProc, console: str, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    with Load(controller.url, workers=4) as load, browser(tmp_path) as page:  # mixed paths
+        page.wait_for_timeout(4_000)
+        open_page(page, console, "transfer")
+        expect(page.get_by_text("By path", exact=True)).to_be_visible(timeout=15_000)
+        expect(page.get_by_text("KV transfer percentiles over time")).to_be_visible()
+        page.locator(DRAWN).nth(3).wait_for(timeout=30_000)
+        shown = metric(page, "KV transfer p50 · p99 (disaggregated)")
+        shoot(page, "transfer-by-path")
+        res = load.stop()
+    assert res.failures == [], res.failures[:5]
+    by_path = controller.get("/stats?window_s=300")["by_path"]
+    disagg, coloc = by_path["disaggregated"], by_path["colocated"]
+    assert disagg["requests"] > 0 and coloc["requests"] > 0
+    p50 = number(shown.split("·")[0])
+    # The disaggregated requests' own transfer, not a mean that counts colocated ones as 0.
+    assert p50 > 0 and abs(p50 - disagg["transfer_ms"]["p50"]) <= 0.5 * p50 + 1, (
+        shown, disagg["transfer_ms"])

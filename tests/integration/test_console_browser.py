@@ -24,7 +24,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
 SHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
-CHARTS = {"transfer": 3, "pools": 1, "advisor": 1, "events": 0}  # Vega-Lite charts per page
+CHARTS = {"transfer": 4, "pools": 1, "advisor": 1, "events": 0}  # Vega-Lite charts per page
 DRAWN = '[data-testid="stVegaLiteChart"] canvas, [data-testid="stVegaLiteChart"] svg'
 
 pytestmark = [
