@@ -143,6 +143,18 @@ class RoutingSettings(Strict):
         "colocated"))
 
 
+class TargetsSettings(Strict):
+    """Service targets the console's health status and the alerting rules check (live:
+    ``PATCH /api/v1/targets``)."""
+
+    ttft_p95_ms: float = Field(2000.0, gt=0, le=3_600_000, allow_inf_nan=False)
+    ttft_p99_ms: float = Field(5000.0, gt=0, le=3_600_000, allow_inf_nan=False)
+    gap_p99_ms: float = Field(150.0, gt=0, le=600_000, allow_inf_nan=False, description=(
+        "the 99th percentile, over streamed requests, of each one's p99 inter-token gap"))
+    error_rate: float = Field(0.01, ge=0, le=1, allow_inf_nan=False, description=(
+        "failed and refused requests over all requests in the window"))
+
+
 class KvSettings(Strict):
     """The KV hand-off between the pools (NixlConnector's lease, both backends)."""
 
@@ -331,6 +343,7 @@ class Settings(BaseSettings):
     vllm: VllmSettings = Field(default_factory=VllmSettings)
     ray: RaySettings = Field(default_factory=RaySettings)
     planner: PlannerSettings = Field(default_factory=PlannerSettings)
+    targets: TargetsSettings = Field(default_factory=TargetsSettings)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
 

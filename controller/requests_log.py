@@ -15,7 +15,7 @@ import numpy as np
 from controller.models import RequestPath, RequestRecord
 
 COMPONENTS = ("queue_ms", "prefill_ms", "transfer_ms", "decode_sched_ms", "overhead_ms")
-QUANTILES = (0.5, 0.9, 0.99)
+QUANTILES = (0.5, 0.9, 0.95, 0.99)
 SUSPECT_PENDING = 1000  # handles reported before their request finished, kept this many
 
 
@@ -28,12 +28,13 @@ def percentiles(values: Iterable[float] | np.ndarray) -> dict[str, float]:
 def _summaries(columns: np.ndarray) -> list[dict[str, float]]:
     """``percentiles`` of every column of a 2-D array at once."""
     if columns.shape[0] == 0:
-        return [dict.fromkeys(("p50", "p90", "p99", "mean", "max"), 0.0)
+        return [dict.fromkeys(("p50", "p90", "p95", "p99", "mean", "max"), 0.0)
                 for _ in range(columns.shape[1])]
     q = np.quantile(columns, QUANTILES, axis=0, method="inverted_cdf")
     means, maxes = columns.mean(axis=0), columns.max(axis=0)
-    return [{"p50": float(q[0, k]), "p90": float(q[1, k]), "p99": float(q[2, k]),
-             "mean": float(means[k]), "max": float(maxes[k])} for k in range(columns.shape[1])]
+    return [{"p50": float(q[0, k]), "p90": float(q[1, k]), "p95": float(q[2, k]),
+             "p99": float(q[3, k]), "mean": float(means[k]), "max": float(maxes[k])}
+            for k in range(columns.shape[1])]
 
 
 STATUSES = ("ok", "error", "cancelled", "rejected")
@@ -197,12 +198,16 @@ def stats(records: Columns | list[RequestRecord], window_s: float, alert_share: 
         by_status["other"] = int(counts[-1])
     itl = ok.col("itl_ms")
     streamed = ok.col("gaps") > 0
+    failed = int(counts[STATUSES.index("error")] + counts[STATUSES.index("rejected")])
     return {
         "window_s": window_s,
         "covered_s": covered,
         "requests": len(c),
         "by_status": by_status,
         "request_rate": len(c) / covered if covered > 0 else 0.0,
+        "error_rate": failed / len(c) if len(c) else 0.0,
+        "output_tokens_per_s": float(ok.col("output_tokens").sum()) / covered
+        if covered > 0 else 0.0,
         "disaggregated_share": float(ok.disagg.mean()) if len(ok) else 0.0,
         "ttft_ms": summary["ttft_ms"],
         "components_ms": {f.removesuffix("_ms"): summary[f] for f in COMPONENTS},

@@ -15,6 +15,7 @@ from pdctl_api.schema import (
     PoolPlanPublic,
     Role,
     RoutingPublic,
+    TargetsPublic,
 )
 
 
@@ -22,7 +23,7 @@ from pdctl_api.schema import (
 class PendingChange:
     """A change awaiting the operator's confirmation."""
 
-    kind: Literal["pool", "drain", "routing"]
+    kind: Literal["pool", "drain", "routing", "targets"]
     title: str
     effects: tuple[str, ...]
     disruptive: bool
@@ -146,6 +147,19 @@ def routing_change(current: RoutingPublic, patch: dict[str, Any],
     return PendingChange(kind="routing", title="routing: " + ", ".join(patch),
                          effects=tuple(effects), disruptive=disruptive,
                          patch=tuple(patch.items()))
+
+
+def targets_change(current: TargetsPublic, wanted: dict[str, float]) -> PendingChange | None:
+    """The reviewed change of the service targets: only the fields that changed; None if
+    none did. Never disruptive: targets change what the console and the alerts call
+    healthy, not what the fleet does."""
+    patch = {k: v for k, v in wanted.items() if abs(float(v) - getattr(current, k)) > 1e-9}
+    if not patch:
+        return None
+    return PendingChange(kind="targets", title="targets: " + ", ".join(patch),
+                         effects=tuple(f"`{k}`: {getattr(current, k):g} → {v:g}"
+                                       for k, v in patch.items()),
+                         disruptive=False, patch=tuple(patch.items()))
 
 
 def drainable(instances: list[InstancePublic]) -> list[InstancePublic]:

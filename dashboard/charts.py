@@ -66,8 +66,10 @@ def ttft_parts_over_time(parts: pd.DataFrame) -> alt.Chart:
     )
 
 
-def ttft_percentiles(pct: pd.DataFrame) -> alt.Chart:
-    return alt.Chart(pct, height=HEIGHT).mark_line(point=False).encode(
+def ttft_percentiles(pct: pd.DataFrame, targets: dict[str, float] | None = None
+                     ) -> alt.Chart | alt.LayerChart:
+    """TTFT percentile lines; ``targets`` (label -> ms) are drawn as dashed rules."""
+    lines = alt.Chart(pct, height=HEIGHT).mark_line(point=False).encode(
         x=TIME, y=alt.Y("ms:Q", title="TTFT (ms)"),
         color=alt.Color("percentile:N", sort=["p50", "p90", "p99"],
                         scale=alt.Scale(range=["#4c78a8", "#f58518", "#e45756"]),
@@ -75,6 +77,14 @@ def ttft_percentiles(pct: pd.DataFrame) -> alt.Chart:
         tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"), "percentile:N",
                  alt.Tooltip("ms:Q", format=".2f")],
     )
+    if not targets:
+        return lines
+    rules = pd.DataFrame({"label": list(targets), "ms": list(targets.values())})
+    rule = alt.Chart(rules).mark_rule(color="#b279a2", strokeDash=[6, 4]).encode(
+        y="ms:Q", tooltip=["label:N", alt.Tooltip("ms:Q", format=".0f")])
+    text = alt.Chart(rules).mark_text(align="left", dx=4, dy=-6, color="#b279a2").encode(
+        y="ms:Q", text="label:N")
+    return alt.LayerChart(layer=[lines, rule, text], height=HEIGHT)
 
 
 def request_rate(rate: pd.DataFrame) -> alt.Chart:

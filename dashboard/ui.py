@@ -16,6 +16,7 @@ import streamlit as st
 from dashboard import frames, integrity
 from dashboard.client import ACTOR, ApiError, ControllerClient
 from dashboard.config import RECENT_LIMIT, ConsoleConfig, current_config, step_for
+from dashboard.health import Health
 from dashboard.prom import PromClient, PromError, Result, Window, fetch
 from pdctl_api.schema import (
     AdvisorPublic,
@@ -23,6 +24,7 @@ from pdctl_api.schema import (
     EventPublic,
     RequestPublic,
     StatsPublic,
+    TargetsPublic,
     TimeseriesPublic,
     TransferShare,
 )
@@ -87,6 +89,16 @@ def _requests(key: str, limit: int, _c: ControllerClient) -> list[RequestPublic]
     return _c.requests(limit)
 
 
+@st.cache_data(ttl=CACHE_TTL_S, max_entries=16, show_spinner=False)
+def _targets(key: str, _c: ControllerClient) -> TargetsPublic | None:
+    try:
+        return _c.targets()
+    except ApiError as exc:
+        if exc.status == 404:  # an older controller: no targets, no health status
+            return None
+        raise
+
+
 @st.cache_data(ttl=5.0, max_entries=16, show_spinner=False)
 def _advisor(key: str, _c: ControllerClient) -> AdvisorPublic:
     return _c.advisor()
@@ -116,6 +128,11 @@ def timeseries(window_s: float) -> TimeseriesPublic:
 def recent_requests(limit: int = RECENT_LIMIT) -> list[RequestPublic]:
     c = client()
     return _requests(c.cache_key, limit, c)
+
+
+def targets() -> TargetsPublic | None:
+    c = client()
+    return _targets(c.cache_key, c)
 
 
 def advisor() -> AdvisorPublic:
@@ -180,7 +197,8 @@ def prom_caption(what: str, window_s: float) -> str:
 
 def forget_reads() -> None:
     """After a change: the next read must show it."""
-    for fn in (_cluster, _stats, _timeseries, _requests, _advisor, _events, _prom_range):
+    for fn in (_cluster, _stats, _timeseries, _requests, _advisor, _events, _prom_range,
+               _targets):
         fn.clear()
 
 
@@ -283,6 +301,21 @@ def scaled_time_banner() -> None:
             f"rates and bandwidths {1 / scale:g}x the modelled ones. The Transfer page "
             "compares bandwidth with the link in modelled time; the Planner page works in "
             "modelled time throughout.", icon=":material/speed:")
+
+
+HEALTH_TITLES = {"ok": "Healthy", "warn": "Watch", "breach": "Target broken",
+                 "no data": "No traffic in the window"}
+
+
+def health_banner(h: Health) -> None:
+    """The status at a glance: green, amber or red, each check and pool problem listed."""
+    lines = [f"- {'✗' if c.broken else '⚠' if c.near else '✓'} {c.text()}" for c in h.checks]
+    lines += [f"- ⚠ {p}" for p in h.pools]
+    body = f"**{HEALTH_TITLES[h.status]}**\n\n" + "\n".join(lines)
+    show = {"ok": st.success, "warn": st.warning, "breach": st.error, "no data": st.info}
+    icon = {"ok": ":material/check_circle:", "warn": ":material/warning:",
+            "breach": ":material/error:", "no data": ":material/hourglass_empty:"}
+    show[h.status](body, icon=icon[h.status])
 
 
 def rate_basis(s: StatsPublic) -> str:

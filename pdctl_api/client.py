@@ -31,6 +31,7 @@ from pdctl_api.schema import (
     RoutingPublic,
     RoutingUpdate,
     StatsPublic,
+    TargetsPublic,
     TimeseriesPublic,
 )
 
@@ -189,6 +190,13 @@ class PdctlClient:
 
     def planner(self, history: int = 60) -> PlannerPublic:
         return self._call(_adapter(PlannerPublic), "GET", "/planner", {"history": history})
+
+    def targets(self) -> TargetsPublic:
+        return self._call(_adapter(TargetsPublic), "GET", "/targets")
+
+    def set_targets(self, change: Mapping[str, Any]) -> TargetsPublic:
+        """Change the service targets (only the fields given)."""
+        return self._call(_adapter(TargetsPublic), "PATCH", "/targets", body=dict(change))
 
     def set_planner(self, change: PlannerUpdate | Mapping[str, Any]) -> PlannerPublic:
         """Change the planner's mode, targets, interval or predictor."""

@@ -44,6 +44,7 @@ from controller.requests_log import RequestLog
 from controller.router.h1 import H1Upstream
 from controller.router.proxy import Proxy
 from controller.store import Store
+from controller.targets import Targets
 from controller.tokens import make_counter
 
 log = logging.getLogger("pdctl.controller")
@@ -101,7 +102,7 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
                       arrivals=lambda: (proxy.arrived, proxy.arrived_prompt_tokens))
     return AppState(settings, store, fleet, table, proxy, requests, metrics, upstream,
                     ensure_token(state_dir), LeaseWatch(requests, metrics, store), planner,
-                    writes)
+                    Targets(settings.targets, store), writes)
 
 
 @contextlib.asynccontextmanager

@@ -45,6 +45,8 @@ from pdctl_api.schema import (
     RoutingPublic,
     RoutingUpdate,
     StatsPublic,
+    TargetsPublic,
+    TargetsUpdate,
     TimeseriesPublic,
 )
 
@@ -296,6 +298,18 @@ async def get_advisor(st: State, window_s: Annotated[float, Query(gt=0, le=86_40
                             targets[Role.DECODE].tp, st.requests.window(window_s), batch,
                             st.table.settings.transfer_alert_share)
     return AdvisorPublic.model_validate(advice)
+
+
+@router.get("/targets", response_model=TargetsPublic)
+async def get_targets(st: State) -> TargetsPublic:
+    return TargetsPublic.model_validate(st.targets.settings.model_dump())
+
+
+@router.patch("/targets", response_model=TargetsPublic)
+async def patch_targets(body: TargetsUpdate, st: State, request: Request) -> TargetsPublic:
+    async with st.writes:
+        new = st.targets.update(body.model_dump(exclude_unset=True), actor(request))
+    return TargetsPublic.model_validate(new.model_dump())
 
 
 @router.get("/events", response_model=list[EventPublic])

@@ -18,6 +18,7 @@ from controller.router.proxy import Proxy
 from controller.router.table import RoutingTable
 from controller.router.upstream import Upstream
 from controller.store import Store
+from controller.targets import Targets
 
 
 @dataclass
@@ -33,6 +34,7 @@ class AppState:
     token: str
     lease_watch: LeaseWatch
     planner: Planner  # the SLA planner: its live settings, history; acts through ``fleet``
+    targets: Targets  # the operator's service targets (the console's health, alert rules)
     # Held by every change to the cluster (pools, routing, drains, the planner's): one at a
     # time, in order.
     writes: asyncio.Lock = field(default_factory=asyncio.Lock)

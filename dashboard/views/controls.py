@@ -50,6 +50,10 @@ def confirm_pending() -> None:
     elif p.kind == "drain" and p.instance_id is not None:
         iid = p.instance_id
         _send("drain", f"{iid} is draining", lambda: c.drain(iid))
+    elif p.kind == "targets" and p.patch:
+        change = dict(p.patch)
+        _send("targets", "targets updated: " + ", ".join(
+            f"{k}={val:g}" for k, val in change.items()), lambda: c.set_targets(change))
     elif p.kind == "routing" and p.patch:
         patch = dict(p.patch)
         _send("routing", "routing updated: " + ", ".join(
@@ -251,6 +255,39 @@ def routing_form(current: RoutingPublic) -> None:
     show_outcome("routing")
 
 
+def targets_form() -> None:
+    try:
+        current = ui.targets()
+    except ApiError as exc:
+        ui.card_error(exc)
+        return
+    if current is None:
+        st.caption("This controller has no service targets (older than them).")
+        return
+    v = "-".join(f"{x:g}" for x in current.model_dump().values())
+    with st.form("targets"):
+        st.markdown("**Service targets** · the Overview's health status and the alert rules")
+        a, b = st.columns(2)
+        wanted = {
+            "ttft_p95_ms": a.number_input("TTFT p95 target (ms)", min_value=1.0,
+                                          value=current.ttft_p95_ms, step=100.0,
+                                          key=f"t-p95-{v}"),
+            "ttft_p99_ms": b.number_input("TTFT p99 target (ms)", min_value=1.0,
+                                          value=current.ttft_p99_ms, step=100.0,
+                                          key=f"t-p99-{v}"),
+            "gap_p99_ms": a.number_input("inter-token gap p99 target (ms)", min_value=1.0,
+                                         value=current.gap_p99_ms, step=10.0,
+                                         key=f"t-gap-{v}"),
+            "error_rate": b.number_input("error rate target", min_value=0.0, max_value=1.0,
+                                         value=current.error_rate, step=0.005,
+                                         format="%.3f", key=f"t-err-{v}"),
+        }
+        if st.form_submit_button("Review targets change"):
+            review("targets", changes.targets_change(current, wanted))
+    show_pending("targets")
+    show_outcome("targets")
+
+
 # ---- page --------------------------------------------------------------------------------
 
 convergence()
@@ -275,3 +312,5 @@ with left:
     drain_form(cluster.instances)
 with right:
     routing_form(cluster.routing)
+with left:
+    targets_form()

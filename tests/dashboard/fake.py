@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from controller import advisor, profiles, validation
 from controller.api.control import planned
+from controller.config import TargetsSettings, describe_validation_error
 from controller.errors import InvalidChange
 from controller.fleet.guard import Quarantine
 from controller.models import Instance, InstanceState, RequestPath, RequestRecord, Role
@@ -120,6 +122,7 @@ class FakeController:
     kv_integrity: dict[str, Any] = field(default_factory=integrity_summary)
     quarantine: dict[Role, Quarantine] = field(default_factory=dict)
     planner: dict[str, Any] = field(default_factory=lambda: planner_view())
+    targets_set: TargetsSettings = field(default_factory=TargetsSettings)
     legacy: bool = False
     token: str = TOKEN
     reachable: bool = True
@@ -197,6 +200,16 @@ class FakeController:
             return self.set_pool(role, body)
         if key == ("PATCH", "/routing"):
             return self.set_routing(body)
+        if path == "/targets":
+            if self.legacy:
+                raise KeyError("/targets")  # 404: an older controller has no targets
+            if request.method == "PATCH":
+                try:
+                    self.targets_set = TargetsSettings.model_validate(
+                        {**self.targets_set.model_dump(), **body})
+                except ValidationError as exc:
+                    raise InvalidChange(describe_validation_error(exc, "targets.")) from None
+            return self.targets_set.model_dump()
         if key == ("GET", "/planner") and not self.legacy:
             return self.planner
         if key == ("PATCH", "/planner") and not self.legacy:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from controller.config import TargetsSettings
 from controller.fleet.guard import Quarantine
 from controller.models import Role
 from controller.reconciler import PoolTarget
@@ -110,6 +111,32 @@ def test_overview_alerts_when_transfer_dominates(console: Console,
     at = console(fake)
     alert = texts(at.error)
     assert "KV transfer is 66% of TTFT" in alert and "alert share of 20%" in alert
+
+
+def test_overview_health_turns_red_when_a_target_breaks(console: Console,
+                                                        fake: FakeController) -> None:
+    at = console(fake)
+    assert "Healthy" in texts(at.success) and "TTFT p95" in texts(at.success)
+    fake.targets_set = TargetsSettings(ttft_p95_ms=5.0)  # the fake's TTFTs are ~26 ms
+    at = console(fake)
+    red = texts(at.error)
+    assert "Target broken" in red and "> 5 ms" in red, red
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Error rate"] == "0.0%" and metrics["Output tokens"].endswith("/s")
+    assert metrics["Inter-token gap p99"] == "no data"  # the fake records carry no gaps
+
+
+def test_targets_are_reviewed_then_sent(console: Console, fake: FakeController) -> None:
+    at = console(fake, "controls")
+    by_label(at.number_input, "TTFT p95 target (ms)").set_value(800.0)
+    by_label(at.button, "Review targets change").click()
+    at.run()
+    assert fake.changes() == []
+    assert "Confirm — targets: ttft_p95_ms" in texts(at.info)
+    at.button(key="confirm-targets").click().run()
+    no_exceptions(at)
+    assert fake.changes() == [("PATCH", "/api/v1/targets", {"ttft_p95_ms": 800.0})]
+    assert fake.targets_set.ttft_p95_ms == 800.0
 
 
 def test_pools_page_lists_every_instance(console: Console, fake: FakeController) -> None:

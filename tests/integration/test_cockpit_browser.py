@@ -266,3 +266,37 @@ def test_transfer_page_shows_each_path_apart_pairs_and_transfer_over_time(
     # The disaggregated requests' own transfer, not a mean that counts colocated ones as 0.
     assert p50 > 0 and abs(p50 - disagg["transfer_ms"]["p50"]) <= 0.5 * p50 + 1, (
         shown, disagg["transfer_ms"])
+
+
+def test_overview_health_follows_the_targets_the_operator_sets(
+        controller: ControllerProc, console: str, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    with Load(controller.url, workers=3, streaming=True) as load, browser(tmp_path) as page:
+        page.wait_for_timeout(3_000)
+        open_page(page, console, "overview")
+        expect(page.get_by_text("Healthy", exact=True)).to_be_visible(timeout=20_000)
+        for card in ("Inter-token gap p99", "Worst gap p99", "Output tokens", "Error rate"):
+            expect(page.locator('[data-testid="stMetricLabel"]').filter(
+                has_text=re.compile(f"^{re.escape(card)}$"))).to_have_count(1)
+        assert metric(page, "Inter-token gap p99").endswith("ms")  # streamed: gaps measured
+        # A target the fleet cannot meet, set from Controls like any change.
+        open_page(page, console, "controls")
+        operator(page, "carol")
+        target = page.get_by_role("spinbutton", name="TTFT p95 target (ms)")
+        target.fill("1")
+        target.press("Tab")
+        page.get_by_role("button", name="Review targets change").click()
+        expect(page.get_by_text("Confirm — targets: ttft_p95_ms")).to_be_visible(
+            timeout=15_000)
+        page.get_by_role("button", name="Confirm change").click()
+        expect(page.get_by_text("targets updated")).to_be_visible(timeout=15_000)
+        open_page(page, console, "overview")
+        expect(page.get_by_text("Target broken", exact=True)).to_be_visible(timeout=20_000)
+        expect(page.get_by_text(re.compile(r"TTFT p95 [\d,.]+ ms > 1 ms"))).to_be_visible()
+        page.locator(DRAWN).nth(4).wait_for(timeout=30_000)
+        shoot(page, "overview-target-broken")
+        res = load.stop()
+    assert res.failures == [], res.failures[:5]
+    [event] = controller.get("/events?kind=targets.update")
+    assert event["actor"] == "pdctl-console/carol" and event["after"] == {"ttft_p95_ms": 1.0}

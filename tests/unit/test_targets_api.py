@@ -1,0 +1,56 @@
+"""The service targets through the real control API (``/api/v1/targets``): defaults from the
+config, a change recorded with its actor and kept across a restart, refusals that change
+nothing; and ``/stats``'s figures the console's health status reads (p95, error rate, output
+tokens per second, per path)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from starlette.testclient import TestClient
+
+from controller.api import create_app
+from controller.api.state import AppState
+from controller.config import load_settings
+from tests.unit.api_app import NoLauncher, app_state
+
+__all__ = ["app_state"]  # the fixture
+
+Fixture = tuple[TestClient, AppState]
+
+
+def test_targets_change_is_recorded_and_kept(app_state: Fixture, tmp_path: Path) -> None:
+    tc, st = app_state
+    assert tc.get("/api/v1/targets").json() == {"ttft_p95_ms": 2000.0, "ttft_p99_ms": 5000.0,
+                                                "gap_p99_ms": 150.0, "error_rate": 0.01}
+    r = tc.patch("/api/v1/targets", json={"ttft_p95_ms": 800},
+                 headers={"X-Pdctl-Actor": "alice"})
+    assert r.status_code == 200 and r.json()["ttft_p95_ms"] == 800.0
+    [event] = st.store.events(10, 0, "targets.update")
+    assert event["actor"] == "alice" and event["before"] == {"ttft_p95_ms": 2000.0}
+    assert event["after"] == {"ttft_p95_ms": 800.0}
+    # A new app on the same state directory keeps the operator's target.
+    settings = load_settings(None, controller={"state_dir": st.settings.controller.state_dir})
+    again = create_app(settings, NoLauncher()).state.pdctl
+    assert again.targets.settings.ttft_p95_ms == 800.0
+    again.store.close()
+
+
+def test_bad_targets_are_refused_and_change_nothing(app_state: Fixture) -> None:
+    tc, st = app_state
+    for body in (b"{}", b'{"ttft_p95_ms": 0}', b'{"error_rate": 2}',
+                 b'{"gap_p99_ms": "fast"}', b'{"nope": 1}', b'{"ttft_p99_ms": 1e999}'):
+        r = tc.patch("/api/v1/targets", content=body,
+                     headers={"Content-Type": "application/json"})
+        assert r.status_code == 422, (body, r.status_code, r.text)
+    assert tc.get("/api/v1/targets").json()["ttft_p95_ms"] == 2000.0
+    assert st.store.events(10, 0, "targets.update") == []
+
+
+def test_stats_carry_what_the_health_status_reads(app_state: Fixture) -> None:
+    tc, _ = app_state
+    s = tc.get("/api/v1/stats?window_s=600").json()
+    assert {"p50", "p90", "p95", "p99"} <= set(s["ttft_ms"])
+    assert s["error_rate"] == 0.0 and s["output_tokens_per_s"] > 0
+    assert set(s["by_path"]) == {"disaggregated", "colocated"}
+    assert s["by_path"]["disaggregated"]["requests"] == 4
