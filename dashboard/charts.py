@@ -97,6 +97,19 @@ def request_rate(rate: pd.DataFrame) -> alt.Chart:
     )
 
 
+def annotate(chart: alt.Chart | alt.LayerChart, changes: pd.DataFrame
+             ) -> alt.Chart | alt.LayerChart:
+    """``chart`` with each change to the cluster (``time, label``) as a vertical rule."""
+    if changes.empty:
+        return chart
+    rule = alt.Chart(changes).mark_rule(color="#54a24b", strokeDash=[2, 3]).encode(
+        x=TIME, tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"), "label:N"])
+    text = alt.Chart(changes).mark_text(align="left", dx=3, dy=-HEIGHT / 2 + 8, angle=0,
+                                        color="#54a24b", fontSize=10).encode(
+        x=TIME, text="kind:N")
+    return alt.LayerChart(layer=[chart, rule, text])
+
+
 def path_share(share: pd.DataFrame) -> alt.Chart:
     """Disaggregated vs colocated (and failed) requests in the window."""
     total = max(1, int(share["requests"].sum()))

@@ -145,6 +145,47 @@ def pair_table(requests: pd.DataFrame, scale: float = 1.0) -> pd.DataFrame:
         "gbps": g["kv_bytes"] / 1e9 / (g["transfer_total"] / 1e3) * scale})
 
 
+CHANGE_KINDS = ("pool.update", "routing.update", "targets.update", "planner.update",
+                "instance.draining")
+
+
+def change_marks(events: list[EventPublic], since: float) -> pd.DataFrame:
+    """The cluster's changes since ``since`` (unix s) for chart annotations: ``time, kind,
+    label`` (who changed what)."""
+    rows = [(e.ts, e.kind.split(".")[0], f"{e.kind} {e.target} by {e.actor}: "
+             f"{_compact(e.after)}") for e in events
+            if e.kind in CHANGE_KINDS and e.ts >= since]
+    df = pd.DataFrame(rows, columns=["ts", "kind", "label"])
+    df["time"] = _when(df["ts"].to_numpy())
+    return df[["time", "kind", "label"]]
+
+
+def before_after(requests: pd.DataFrame, at: float, span_s: float) -> pd.DataFrame | None:
+    """The requests of ``span_s`` before the change at ``at`` (unix s) against those since
+    (at most ``span_s``): count, rate, TTFT p50/p99 and mean parts, per row. None when
+    either side has no request."""
+    t = requests["started_at"]
+    sides = {"before": requests[(t >= at - span_s) & (t < at)],
+             "after": requests[(t >= at) & (t < at + span_s)]}
+    if any(side.empty for side in sides.values()):
+        return None
+    rows = {}
+    first, last = float(t.min()), float(t.max())
+    for name, side in sides.items():
+        ok = side[side["status"] == "ok"]
+        # Each side's rate over the time it covers: not the part of the span before the
+        # first request known or after the last one.
+        seconds = max(1e-3, (min(at + span_s, last) - at) if name == "after"
+                      else (at - max(at - span_s, first)))
+        rows[name] = {"requests": len(side), "rate_per_s": len(side) / seconds,
+                      "ttft_p50_ms": float(ok["ttft_ms"].quantile(0.5)) if len(ok) else None,
+                      "ttft_p99_ms": float(ok["ttft_ms"].quantile(0.99)) if len(ok) else None,
+                      **{f"{p}_ms": float(ok[f"{p}_ms"].mean()) if len(ok) else None
+                         for p in PARTS},
+                      "errors": int((side["status"] != "ok").sum())}
+    return pd.DataFrame(rows).astype(float).round(1)
+
+
 def ts_parts_long(ts: pd.DataFrame) -> pd.DataFrame:
     """Mean TTFT parts per bucket (stackable: the means add up to the mean TTFT)."""
     busy = ts[ts["requests"] > 0]

@@ -6,6 +6,9 @@ controller's API."""
 
 from __future__ import annotations
 
+import time
+
+import pandas as pd
 import streamlit as st
 
 from dashboard import charts, frames, health, prom, ui
@@ -111,12 +114,33 @@ def over_time() -> None:
     except ApiError as exc:
         ui.card_error(exc)
         return
+    marks = change_marks()
     left, right = st.columns(2)
-    left.caption(f"Mean of each part per {ui.step_for(window):g} s bucket")
-    left.altair_chart(charts.ttft_parts_over_time(frames.ts_parts_long(ts)), width="stretch")
-    right.caption("TTFT percentiles per bucket; dashed: the targets")
-    right.altair_chart(charts.ttft_percentiles(frames.ts_percentiles_long(ts), target_lines()),
+    left.caption(f"Mean of each part per {ui.step_for(window):g} s bucket; green: changes "
+                 "to the cluster")
+    left.altair_chart(charts.annotate(charts.ttft_parts_over_time(frames.ts_parts_long(ts)),
+                                      marks), width="stretch")
+    pct = frames.ts_percentiles_long(ts)
+    lines = target_lines()
+    shown = on_scale(lines, float(pct["ms"].max()) if not pct.empty else 0.0)
+    above = {k: v for k, v in (lines or {}).items() if k not in (shown or {})}
+    right.caption("TTFT percentiles per bucket; dashed: the targets" + (
+        "; " + ", ".join(f"{k} {v:,.0f} ms" for k, v in above.items()) + " far above"
+        if above else ""))
+    right.altair_chart(charts.annotate(charts.ttft_percentiles(pct, shown), marks),
                        width="stretch")
+
+
+CHANGE_EVENTS = 200  # audit events read for the charts' change marks
+
+
+def change_marks() -> pd.DataFrame:
+    """The cluster's changes within the window, for the time-series charts."""
+    try:
+        events = ui.events(CHANGE_EVENTS, None)
+    except ApiError:
+        events = []
+    return frames.change_marks(events, time.time() - window)
 
 
 def target_lines() -> dict[str, float] | None:
@@ -127,19 +151,61 @@ def target_lines() -> dict[str, float] | None:
     return None if t is None else {"p95 target": t.ttft_p95_ms, "p99 target": t.ttft_p99_ms}
 
 
+def on_scale(lines: dict[str, float] | None, observed_max: float) -> dict[str, float] | None:
+    """The target lines a chart can show without flattening the data: those up to twice the
+    highest value drawn (the caption names the others)."""
+    if not lines:
+        return lines
+    return {k: v for k, v in lines.items() if v <= 2 * max(observed_max, 1e-9)}
+
+
 def prom_over_time(res: dict[str, prom.Result]) -> None:
+    marks = change_marks()
     left, right = st.columns(2)
-    left.caption(ui.prom_caption("Mean of each part (`pdctl_ttft_component_seconds`)", window))
-    left.altair_chart(charts.ttft_parts_over_time(prom.parts_frame(res["part_mean"])),
-                      width="stretch")
+    left.caption(ui.prom_caption("Mean of each part (`pdctl_ttft_component_seconds`); "
+                                 "green: changes to the cluster", window))
+    left.altair_chart(charts.annotate(charts.ttft_parts_over_time(
+        prom.parts_frame(res["part_mean"])), marks), width="stretch")
     right.caption(ui.prom_caption("TTFT percentiles (`pdctl_ttft_seconds`); dashed: the "
                                   "targets", window))
-    right.altair_chart(charts.ttft_percentiles(prom.percentiles_frame(res), target_lines()),
-                       width="stretch")
+    pct = prom.percentiles_frame(res)
+    right.altair_chart(charts.ttft_percentiles(pct, on_scale(
+        target_lines(), float(pct["ms"].max()) if not pct.empty else 0.0)), width="stretch")
     st.caption(ui.prom_caption("p99 of each TTFT part (`histogram_quantile`, bucket "
                                "resolution)", window))
     st.altair_chart(charts.part_lines(prom.parts_frame(res["part_p99"]), "p99 (ms)"),
                     width="stretch")
+
+
+BEFORE_AFTER_S = 120.0  # each side of the last change
+BEFORE_AFTER_REQUESTS = 5000  # recent requests read to compare them
+
+
+@st.fragment(run_every=ui.run_every())
+def last_change() -> None:
+    """The newest change to the cluster in the window, and the traffic either side of it."""
+    try:
+        marks = frames.change_marks(ui.events(CHANGE_EVENTS, None), time.time() - window)
+    except ApiError as exc:
+        ui.card_error(exc)
+        return
+    if marks.empty:
+        return
+    last = marks.iloc[-1]
+    at = last["time"].timestamp()
+    st.subheader("Last change: before and after")
+    st.caption(f"{last['label']} at {ui.clock(at)}; requests started within "
+               f"{BEFORE_AFTER_S:g} s either side")
+    try:
+        df = frames.requests_frame(ui.recent_requests(BEFORE_AFTER_REQUESTS))
+    except ApiError as exc:
+        ui.card_error(exc)
+        return
+    table = frames.before_after(df, at, BEFORE_AFTER_S)
+    if table is None:
+        st.info("Not enough requests on both sides of the change yet to compare them.")
+        return
+    st.dataframe(table, width="stretch")
 
 
 @st.fragment(run_every=ui.run_every())
@@ -156,7 +222,8 @@ def traffic() -> None:
     left, right = st.columns([2, 1])
     left.caption(ui.prom_caption("Requests per second by path (`pdctl_requests_total`)", window)
                  if res is not None else "Requests per second by path")
-    left.altair_chart(charts.request_rate(rate), width="stretch")
+    left.altair_chart(charts.annotate(charts.request_rate(rate), change_marks()),
+                      width="stretch")
     right.caption("Disaggregated vs colocated in the window")
     right.altair_chart(charts.path_share(frames.path_share(s)), width="stretch")
 
@@ -164,4 +231,5 @@ def traffic() -> None:
 headline()
 recent()
 over_time()
+last_change()
 traffic()

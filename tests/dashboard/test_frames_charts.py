@@ -266,3 +266,31 @@ def test_paths_apart_pairs_and_transfer_percentiles_over_time() -> None:
     long = frames.transfer_percentiles_long(ts)
     assert set(long["percentile"]) == {"p50", "p99"} and set(long["ms"]) == {5.0}
     charts.transfer_percentiles(long).to_dict()
+
+
+def test_change_marks_and_before_after_a_change() -> None:
+    now = time.time()
+    events = [EventPublic(id=k, ts=now - 100 + k * 10, actor="alice", kind=kind, target=t,
+                          after=after)
+              for k, (kind, t, after) in enumerate([
+                  ("controller.start", "controller", None),
+                  ("pool.update", "decode", {"size": 2, "tp": 2}),
+                  ("instance.ready", "decode-2", "ready"),
+                  ("routing.update", "routing", {"decode_policy": "round_robin"})])]
+    marks = frames.change_marks(events, since=now - 95)
+    assert list(marks["kind"]) == ["pool", "routing"]  # changes only, within the window
+    assert marks.iloc[0]["label"] == 'pool.update decode by alice: {"size":2,"tp":2}'
+    spec = charts.annotate(charts.request_rate(pd.DataFrame(
+        {"time": marks["time"], "path": "disaggregated", "per_s": 1.0})), marks).to_dict()
+    assert [layer["mark"]["type"] for layer in spec["layer"]][1:] == ["rule", "text"]
+    records = make_records(300, now=now)  # 30 s of requests, 10 per second
+    df = frames.requests_frame([RequestPublic.model_validate(r.public()) for r in records])
+    at = now - 15
+    table = frames.before_after(df, at, 10.0)
+    assert table is not None and list(table.columns) == ["before", "after"]
+    assert table.loc["requests", "before"] == 100 and table.loc["requests", "after"] == 100
+    assert table.loc["rate_per_s", "before"] == pytest.approx(10.0)
+    # A side that starts before the first request known is not diluted by the empty time.
+    early = frames.before_after(df, now - 25, 10.0)
+    assert early is not None and early.loc["rate_per_s", "before"] == pytest.approx(10.0, 0.2)
+    assert frames.before_after(df, now + 5, 10.0) is None  # nothing after it yet

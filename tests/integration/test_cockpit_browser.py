@@ -78,9 +78,15 @@ def open_page(page: Any, console_url: str, name: str) -> None:
 def shoot(page: Any, name: str) -> None:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+    # Streamlit scrolls inside its own container, so a full-page shot stops at the viewport:
+    # a tall viewport shows the whole page.
+    size = page.viewport_size
+    page.set_viewport_size({"width": 1400, "height": 3000})
+    page.wait_for_timeout(1_500)  # charts re-laid out
     with contextlib.suppress(PlaywrightTimeout):
         page.locator('[data-testid="stStatusWidget"]').wait_for(state="hidden", timeout=5_000)
     page.screenshot(path=SHOTS / f"{name}.png", full_page=True)
+    page.set_viewport_size(size)
 
 
 def metric(page: Any, label: str) -> str:
@@ -300,3 +306,27 @@ def test_overview_health_follows_the_targets_the_operator_sets(
     assert res.failures == [], res.failures[:5]
     [event] = controller.get("/events?kind=targets.update")
     assert event["actor"] == "pdctl-console/carol" and event["after"] == {"ttft_p95_ms": 1.0}
+
+
+def test_a_change_is_marked_on_the_charts_and_compared_before_and_after(
+        controller: ControllerProc, console: str, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    with Load(controller.url, workers=3) as load, browser(tmp_path) as page:
+        time.sleep(6.0)
+        controller.api("PATCH", "/routing", {"decode_policy": "round_robin"},
+                       ).raise_for_status()
+        time.sleep(6.0)  # traffic on both sides of the change
+        open_page(page, console, "overview")
+        expect(page.get_by_text("Last change: before and after")).to_be_visible(
+            timeout=20_000)
+        expect(page.get_by_text(re.compile(r"^routing.update routing by api: "
+                                           r'\{"decode_policy":"round_robin"\} at '))
+               ).to_be_visible()
+        table = page.locator('[data-testid="stDataFrame"]').filter(
+            has=page.get_by_text("before"))
+        expect(table.first).to_be_visible()
+        page.locator(DRAWN).nth(4).wait_for(timeout=30_000)
+        shoot(page, "overview-last-change")
+        res = load.stop()
+    assert res.failures == [], res.failures[:5]
