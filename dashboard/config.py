@@ -1,8 +1,11 @@
 """Where the console finds its controller: URL, state directory, API token, refresh interval.
 
 Read from the script's own arguments (``streamlit run app.py -- --controller URL --state-dir
-DIR --prometheus URL``) first, then the environment (``PDCTL_URL``, ``PDCTL_STATE_DIR``,
-``PDCTL_PROMETHEUS_URL``, ``PDCTL_TOKEN``, ``PDCTL_CONSOLE_REFRESH_S``), then the defaults.
+DIR --prometheus URL --token-file FILE``) first, then the environment (``PDCTL_URL``,
+``PDCTL_STATE_DIR``, ``PDCTL_PROMETHEUS_URL``, ``PDCTL_TOKEN``, ``PDCTL_TOKEN_FILE``,
+``PDCTL_CONSOLE_REFRESH_S``), then the defaults. A console for viewers is given the viewer
+token (``--token-file STATE_DIR/viewer-token``): the controller refuses its changes (403) and
+the console offers none.
 No Streamlit import.
 """
 
@@ -33,10 +36,11 @@ class ConsoleConfig:
     env_token: str | None = None
     refresh_s: float = DEFAULT_REFRESH_S
     prometheus_url: str | None = None  # time-series panels from Prometheus when set
+    token_file: Path | None = None  # default: STATE_DIR/token
 
     @property
     def token_path(self) -> Path:
-        return self.state_dir / "token"
+        return self.token_file or self.state_dir / "token"
 
     def token(self) -> tuple[str | None, str]:
         """The API token and where it came from (``PDCTL_TOKEN`` wins over the file).
@@ -45,6 +49,11 @@ class ConsoleConfig:
         """
         if self.env_token:
             return self.env_token, "the PDCTL_TOKEN environment variable"
+        if self.token_file is not None:
+            try:
+                return self.token_file.read_text().strip() or None, str(self.token_file)
+            except OSError:
+                return None, str(self.token_file)
         return read_token(self.state_dir), str(self.token_path)
 
 
@@ -53,6 +62,7 @@ def _script_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--controller")
     p.add_argument("--state-dir", type=Path)
     p.add_argument("--prometheus")
+    p.add_argument("--token-file", type=Path)
     args, _ = p.parse_known_args(list(argv))
     return args
 
@@ -72,7 +82,10 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> ConsoleConfig:
     return ConsoleConfig(controller_url=url.rstrip("/"), state_dir=state_dir,
                          env_token=env.get("PDCTL_TOKEN") or None,
                          refresh_s=_refresh(env.get("PDCTL_CONSOLE_REFRESH_S")),
-                         prometheus_url=prom.rstrip("/") if prom else None)
+                         prometheus_url=prom.rstrip("/") if prom else None,
+                         token_file=args.token_file or (Path(env["PDCTL_TOKEN_FILE"])
+                                                        if env.get("PDCTL_TOKEN_FILE")
+                                                        else None))
 
 
 def current_config() -> ConsoleConfig:

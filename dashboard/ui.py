@@ -19,6 +19,7 @@ from dashboard.config import RECENT_LIMIT, ConsoleConfig, current_config, step_f
 from dashboard.health import Health
 from dashboard.prom import PromClient, PromError, Result, Window, fetch
 from pdctl_api.schema import (
+    AccessPublic,
     AdvisorPublic,
     ClusterPublic,
     EventPublic,
@@ -130,6 +131,31 @@ def recent_requests(limit: int = RECENT_LIMIT) -> list[RequestPublic]:
     return _requests(c.cache_key, limit, c)
 
 
+@st.cache_data(ttl=30.0, max_entries=16, show_spinner=False)
+def _access(key: str, _c: ControllerClient) -> AccessPublic | None:
+    try:
+        return _c.access()
+    except ApiError as exc:
+        if exc.status == 404:  # an older controller: one token, which may change
+            return None
+        raise
+
+
+def may_change() -> bool:
+    """Whether this console's token may change the cluster (the admin's, not the viewer's)."""
+    c = client()
+    try:
+        access = _access(c.cache_key, c)
+    except ApiError:
+        return True  # the connection banner says why; a change would say it again
+    return access is None or access.may_change
+
+
+READ_ONLY_NOTE = ("This console holds the **viewer token**: it shows everything and changes "
+                  "nothing (the controller answers 403 to a change). Changes need the admin "
+                  "token (`STATE_DIR/token`).")
+
+
 def targets() -> TargetsPublic | None:
     c = client()
     return _targets(c.cache_key, c)
@@ -220,6 +246,8 @@ def sidebar() -> None:
                      help="time window of the statistics and charts")
         st.toggle("Live", value=True, key="pdctl_live",
                   help=f"refresh the live cards every {cfg.refresh_s:g} s")
+        if not may_change():
+            st.caption(":material/visibility: viewer token: read only")
         st.text_input("Operator", key=OPERATOR_KEY, max_chars=40, placeholder="your name",
                       help=f"the audit log names your changes `{ACTOR}/<name>` "
                            f"(`{ACTOR}` without a name)")

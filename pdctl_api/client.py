@@ -15,6 +15,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from pdctl_api.schema import (
+    AccessPublic,
     AdvisorPublic,
     ClusterPublic,
     EventPublic,
@@ -190,6 +191,10 @@ class PdctlClient:
 
     def planner(self, history: int = 60) -> PlannerPublic:
         return self._call(_adapter(PlannerPublic), "GET", "/planner", {"history": history})
+
+    def access(self) -> AccessPublic:
+        """What this client's token may do."""
+        return self._call(_adapter(AccessPublic), "GET", "/access")
 
     def targets(self) -> TargetsPublic:
         return self._call(_adapter(TargetsPublic), "GET", "/targets")

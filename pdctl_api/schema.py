@@ -639,6 +639,13 @@ class RoutingUpdate(_Update):
 ROUTING_FIELDS = tuple(RoutingUpdate.model_fields)
 
 
+class AccessPublic(Public):
+    """``GET /api/v1/access``: what the request's token may do."""
+
+    role: Literal["admin", "viewer"]
+    may_change: bool
+
+
 class TargetsPublic(Public):
     """``GET|PATCH /api/v1/targets``: the operator's service targets."""
 

@@ -50,12 +50,13 @@ from controller.tokens import make_counter
 log = logging.getLogger("pdctl.controller")
 
 
-def ensure_token(state_dir: Path) -> str:
-    """The API token in ``state_dir/token``, created owner-only on first start.
+def ensure_token(state_dir: Path, name: str = "token") -> str:
+    """The API token in ``state_dir/<name>`` (``token``: the admin's; ``viewer-token``: the
+    read-only one), created owner-only on first start.
 
     Hex, so that it never starts with ``-``: ``pdctl status --token $(cat .pdctl/token)`` must
     not read it as an option (a url-safe token did, one start in 64)."""
-    path = state_dir / "token"
+    path = state_dir / name
     if path.exists():
         return path.read_text().strip()
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -102,7 +103,8 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
                       arrivals=lambda: (proxy.arrived, proxy.arrived_prompt_tokens))
     return AppState(settings, store, fleet, table, proxy, requests, metrics, upstream,
                     ensure_token(state_dir), LeaseWatch(requests, metrics, store), planner,
-                    Targets(settings.targets, store), writes)
+                    Targets(settings.targets, store),
+                    viewer_token=ensure_token(state_dir, "viewer-token"), writes=writes)
 
 
 @contextlib.asynccontextmanager
@@ -167,7 +169,8 @@ class ControllerApp(FastAPI):
 
     def build_middleware_stack(self) -> ASGIApp:
         st: AppState = self.state.pdctl
-        return data.DataPlane(ControlGate(super().build_middleware_stack(), st.token), st)
+        return data.DataPlane(ControlGate(super().build_middleware_stack(), st.token,
+                                          st.viewer_token), st)
 
 
 def create_app(settings: Settings, launcher: Launcher | None = None) -> FastAPI:

@@ -28,6 +28,7 @@ from controller.models import Instance, InstanceState, Role
 from controller.reconciler import Action, Drain, Start
 from controller.requests_log import stats, timeseries
 from pdctl_api.schema import (
+    AccessPublic,
     AdvisorPublic,
     ClusterPublic,
     ErrorPublic,
@@ -51,9 +52,11 @@ from pdctl_api.schema import (
 )
 
 # Declares the scheme in the OpenAPI document; ``ControlGate`` enforces it.
-BEARER = HTTPBearer(auto_error=False, description="the token in STATE_DIR/token")
+BEARER = HTTPBearer(auto_error=False, description=(
+    "the admin token in STATE_DIR/token, or the read-only one in STATE_DIR/viewer-token"))
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorPublic, "description": "missing or invalid bearer token"},
+    403: {"model": ErrorPublic, "description": "a change sent with the viewer token"},
     404: {"model": ErrorPublic, "description": "no such instance"},
     413: {"model": ErrorPublic, "description": "a body over 64 KiB"},
     415: {"model": ErrorPublic, "description": "a body not sent as application/json"},
@@ -298,6 +301,13 @@ async def get_advisor(st: State, window_s: Annotated[float, Query(gt=0, le=86_40
                             targets[Role.DECODE].tp, st.requests.window(window_s), batch,
                             st.table.settings.transfer_alert_share)
     return AdvisorPublic.model_validate(advice)
+
+
+@router.get("/access", response_model=AccessPublic)
+async def get_access(request: Request) -> AccessPublic:
+    """What the token of this request may do: ``admin`` reads and changes, ``viewer`` reads."""
+    role = getattr(request.state, "pdctl_access", "admin")
+    return AccessPublic(role=role, may_change=role == "admin")
 
 
 @router.get("/targets", response_model=TargetsPublic)

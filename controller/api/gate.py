@@ -1,8 +1,9 @@
-"""The control API's front door (``/api/v1/*``), in front of the framework: the bearer token,
-then the body -- sent as ``application/json``, at most ``MAX_BODY`` bytes, well-formed JSON --
-are checked before the framework reads it, so an unauthenticated request is always 401
-whatever it carries, and a body that is not JSON is always 422 (the framework would answer
-400 for one that is not UTF-8).
+"""The control API's front door (``/api/v1/*``), in front of the framework: the bearer token
+(the admin's, or the viewer's, which may only read: a change with it is 403), then the body --
+sent as ``application/json``, at most ``MAX_BODY`` bytes, well-formed JSON -- are checked
+before the framework reads it, so an unauthenticated request is always 401 whatever it
+carries, and a body that is not JSON is always 422 (the framework would answer 400 for one
+that is not UTF-8).
 
 Errors here have the control API's one shape (``ErrorPublic``: ``{"detail": ...}``).
 """
@@ -21,8 +22,16 @@ BODY_METHODS = frozenset({"POST", "PATCH", "PUT"})
 MAX_BODY = 64 * 1024  # a control body is a few fields
 
 
-def auth_problem(headers: Iterable[tuple[bytes, bytes]], token: bytes) -> str | None:
-    """Why the request's ``Authorization`` is not ``Bearer <token>``, or None when it is.
+READ_METHODS = frozenset({"GET", "HEAD"})
+ADMIN, VIEWER = "admin", "viewer"
+READ_ONLY = ("this is the viewer token: it may only read; a change needs the admin token "
+             "(STATE_DIR/token)")
+
+
+def auth_problem(headers: Iterable[tuple[bytes, bytes]], token: bytes,
+                 viewer: bytes | None = None) -> str | None:
+    """Why the request's ``Authorization`` is not ``Bearer <token>`` (or ``<viewer>``), or
+    None when it is.
 
     Exactly one ``Authorization`` header, the scheme ``Bearer`` (case-insensitive, as HTTP
     auth schemes are: RFC 9110 section 11.1), one space, then the token byte for byte: no
@@ -37,9 +46,18 @@ def auth_problem(headers: Iterable[tuple[bytes, bytes]], token: bytes) -> str | 
     scheme, sep, given = values[0].partition(b" ")
     if not sep or scheme.lower() != b"bearer":
         return "Authorization must be 'Bearer <token>'"
-    if not hmac.compare_digest(given, token):
+    if not hmac.compare_digest(given, token) and not (
+            viewer and hmac.compare_digest(given, viewer)):
         return "invalid bearer token (see STATE_DIR/token)"
     return None
+
+
+def role_of(headers: Iterable[tuple[bytes, bytes]], token: bytes) -> str:
+    """``admin`` for the admin token, else ``viewer`` (call after ``auth_problem``)."""
+    for k, v in headers:
+        if k == b"authorization":
+            return ADMIN if hmac.compare_digest(v.partition(b" ")[2], token) else VIEWER
+    return VIEWER
 
 
 def media_type(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
@@ -72,17 +90,23 @@ class ControlGate:
     """ASGI layer: ``/api/v1`` requests pass only with the token and, when they carry a body,
     as ``application/json``; everything else goes on untouched."""
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    def __init__(self, app: ASGIApp, token: str, viewer_token: str = "") -> None:
         self.app = app
         self.token = token.encode()
+        self.viewer = viewer_token.encode() or None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and (scope["path"] + "/").startswith(PREFIX + "/"):
             headers = scope["headers"]
-            problem = auth_problem(headers, self.token)
+            problem = auth_problem(headers, self.token, self.viewer)
             if problem is not None:
                 await answer(send, 401, problem, [(b"www-authenticate", b"Bearer")])
                 return
+            role = role_of(headers, self.token)
+            if role == VIEWER and scope["method"] not in READ_METHODS:
+                await answer(send, 403, READ_ONLY)
+                return
+            scope.setdefault("state", {})["pdctl_access"] = role
             if scope["method"] in BODY_METHODS and has_body(headers):
                 if media_type(headers) != b"application/json":
                     await answer(send, 415, "the body must be JSON, sent as "

@@ -35,6 +35,7 @@ class AppState:
     lease_watch: LeaseWatch
     planner: Planner  # the SLA planner: its live settings, history; acts through ``fleet``
     targets: Targets  # the operator's service targets (the console's health, alert rules)
+    viewer_token: str = ""  # reads only: the control API answers 403 to a change with it
     # Held by every change to the cluster (pools, routing, drains, the planner's): one at a
     # time, in order.
     writes: asyncio.Lock = field(default_factory=asyncio.Lock)

@@ -291,6 +291,9 @@ def targets_form() -> None:
 # ---- page --------------------------------------------------------------------------------
 
 convergence()
+if not ui.may_change():
+    st.info(ui.READ_ONLY_NOTE, icon=":material/visibility:")
+    st.stop()
 try:
     cluster = ui.cluster()
 except ApiError as exc:

@@ -154,7 +154,7 @@ def live() -> None:
         st.info(f"Simulated time runs at {pl.time_scale:g} wall s per modelled s: targets, "
                 "observations and profiles are in modelled time", icon=":material/schedule:")
     want = planner_view.pending_recommendation(pl)
-    if pl.mode == "advisory" and want:
+    if pl.mode == "advisory" and want and ui.may_change():
         st.button("Review the recommendation", type="primary", on_click=review_recommendation,
                   args=(want,), help="as a pool change: the controller's dry run, then your "
                                      "confirmation")
@@ -201,7 +201,10 @@ def page() -> None:
     st.caption(f"Profiles — {prof} · bounds prefill {pl.bounds.min_prefill}–"
                f"{pl.bounds.max_prefill}, decode {pl.bounds.min_decode}–{pl.bounds.max_decode}"
                f", budget {pl.bounds.accelerator_budget} accelerators")
-    settings_form(pl)
+    if ui.may_change():
+        settings_form(pl)
+    else:
+        st.info(ui.READ_ONLY_NOTE, icon=":material/visibility:")
     live()
 
 

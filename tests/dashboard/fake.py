@@ -123,6 +123,7 @@ class FakeController:
     quarantine: dict[Role, Quarantine] = field(default_factory=dict)
     planner: dict[str, Any] = field(default_factory=lambda: planner_view())
     targets_set: TargetsSettings = field(default_factory=TargetsSettings)
+    viewer: bool = False  # the console holds the viewer token
     legacy: bool = False
     token: str = TOKEN
     reachable: bool = True
@@ -200,6 +201,10 @@ class FakeController:
             return self.set_pool(role, body)
         if key == ("PATCH", "/routing"):
             return self.set_routing(body)
+        if key == ("GET", "/access"):
+            if self.legacy:
+                raise KeyError("/access")
+            return {"role": "viewer" if self.viewer else "admin", "may_change": not self.viewer}
         if path == "/targets":
             if self.legacy:
                 raise KeyError("/targets")  # 404: an older controller has no targets

@@ -139,6 +139,18 @@ def test_targets_are_reviewed_then_sent(console: Console, fake: FakeController) 
     assert fake.targets_set.ttft_p95_ms == 800.0
 
 
+def test_a_viewer_console_shows_everything_and_offers_no_change(
+        console: Console, fake: FakeController) -> None:
+    fake.viewer = True
+    at = console(fake, "controls")
+    no_exceptions(at)
+    assert "viewer token" in texts(at.info)
+    assert not [b for b in at.button if "Review" in str(b.label)]
+    assert "viewer token: read only" in texts(at.sidebar.caption)
+    at = console(fake, "planner")
+    assert "viewer token" in texts(at.info) and not at.get("form")
+
+
 def test_pools_page_lists_every_instance(console: Console, fake: FakeController) -> None:
     fake.instances = make_instances(40, 80)
     at = console(fake, "pools")

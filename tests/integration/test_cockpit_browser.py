@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.integration.harness import ControllerProc, Load, start_controller
@@ -35,6 +36,7 @@ from tests.integration.test_console_browser import (
     DRAWN,
     SHOTS,
     console,
+    console_at,
 )
 
 __all__ = ["console"]  # the fixture, on this module's controller
@@ -330,3 +332,24 @@ def test_a_change_is_marked_on_the_charts_and_compared_before_and_after(
         shoot(page, "overview-last-change")
         res = load.stop()
     assert res.failures == [], res.failures[:5]
+
+
+def test_a_console_with_the_viewer_token_reads_everything_and_changes_nothing(
+        controller: ControllerProc, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    viewer = {"PDCTL_TOKEN_FILE": str(controller.state_dir / "viewer-token")}
+    with console_at(controller, tmp_path, viewer) as url, browser(tmp_path) as page:
+        open_page(page, url, "overview")
+        expect(page.get_by_text("viewer token: read only")).to_be_visible(timeout=20_000)
+        expect(page.locator('[data-testid="stMetric"]').first).to_be_visible()
+        open_page(page, url, "controls")
+        expect(page.get_by_text("This console holds the viewer token")).to_be_visible(
+            timeout=15_000)
+        expect(page.get_by_role("button", name="Review decode change")).to_have_count(0)
+        shoot(page, "controls-viewer")
+    before = controller.get("/cluster")["pools"]
+    r = httpx.patch(f"{controller.url}/api/v1/pools/decode", json={"size": 3},
+                    headers={"Authorization": "Bearer " + (
+                        controller.state_dir / "viewer-token").read_text().strip()})
+    assert r.status_code == 403 and controller.get("/cluster")["pools"] == before

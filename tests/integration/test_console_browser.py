@@ -43,11 +43,14 @@ def controller(tmp_path: Path) -> Iterator[ControllerProc]:
         ctl.stop()
 
 
-@pytest.fixture
-def console(controller: ControllerProc, tmp_path: Path) -> Iterator[str]:
+@contextlib.contextmanager
+def console_at(controller: ControllerProc, tmp_path: Path,
+               extra_env: dict[str, str] | None = None) -> Iterator[str]:
+    """A console process on ``controller``, its URL once it answers; stopped afterwards."""
     port = free_port()
-    log_path = tmp_path / "console.log"
-    env = {**os.environ, **console_env(controller.url, controller.state_dir)}
+    log_path = tmp_path / f"console-{port}.log"
+    env = {**os.environ, **console_env(controller.url, controller.state_dir),
+           **(extra_env or {})}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(streamlit_argv(controller.url, controller.state_dir, port),
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -71,6 +74,12 @@ def console(controller: ControllerProc, tmp_path: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+def console(controller: ControllerProc, tmp_path: Path) -> Iterator[str]:
+    with console_at(controller, tmp_path) as url:
+        yield url
 
 
 def ms(text: str) -> float:

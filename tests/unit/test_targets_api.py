@@ -54,3 +54,32 @@ def test_stats_carry_what_the_health_status_reads(app_state: Fixture) -> None:
     assert s["error_rate"] == 0.0 and s["output_tokens_per_s"] > 0
     assert set(s["by_path"]) == {"disaggregated", "colocated"}
     assert s["by_path"]["disaggregated"]["requests"] == 4
+
+
+def test_the_viewer_token_reads_and_is_refused_every_change(app_state: Fixture) -> None:
+    tc, st = app_state
+    viewer = {"Authorization": f"Bearer {st.viewer_token}"}
+    assert st.viewer_token and st.viewer_token != st.token
+    assert (Path(st.settings.controller.state_dir) / "viewer-token").read_text().strip() \
+        == st.viewer_token
+    assert tc.get("/api/v1/access").json() == {"role": "admin", "may_change": True}
+    assert tc.get("/api/v1/access", headers=viewer).json() == {"role": "viewer",
+                                                                "may_change": False}
+    for path in ("/cluster", "/stats", "/targets", "/routing", "/events", "/planner"):
+        assert tc.get(f"/api/v1{path}", headers=viewer).status_code == 200, path
+    writes = [("PATCH", "/api/v1/targets", {"ttft_p95_ms": 1}),
+              ("PATCH", "/api/v1/routing", {"max_attempts": 2}),
+              ("PATCH", "/api/v1/pools/decode", {"size": 2}),
+              ("PATCH", "/api/v1/pools/decode?dry_run=true", {"size": 2}),
+              ("POST", "/api/v1/instances/decode-2/drain", None),
+              ("PATCH", "/api/v1/planner", {"mode": "advisory"})]
+    before = tc.get("/api/v1/cluster").json()
+    for method, path, body in writes:
+        r = tc.request(method, path, json=body, headers=viewer)
+        assert r.status_code == 403, (path, r.status_code, r.text)
+        assert "viewer token" in r.json()["detail"]
+    assert tc.get("/api/v1/cluster").json()["pools"] == before["pools"]
+    assert st.store.events(50, 0, None)[0]["kind"] not in ("pool.update", "routing.update",
+                                                           "targets.update")
+    bad = {"Authorization": "Bearer nope"}
+    assert tc.get("/api/v1/cluster", headers=bad).status_code == 401
