@@ -14,6 +14,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from controller.config import TargetsSettings
 from controller.models import InstanceState, RequestRecord, Role
 
 if TYPE_CHECKING:
@@ -141,6 +142,25 @@ class FleetCollector(Collector):
         yield from counters.values()
 
 
+class TargetsCollector(Collector):
+    """The operator's service targets, read at scrape time: the alerting rules compare the
+    measured figures with these (controller/alerts.py)."""
+
+    def __init__(self, targets: Callable[[], TargetsSettings]) -> None:
+        self._targets = targets
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        t = self._targets()
+        for name, value, doc in (
+                ("pdctl_target_ttft_p95_seconds", t.ttft_p95_ms / 1e3, "TTFT p95 target"),
+                ("pdctl_target_ttft_p99_seconds", t.ttft_p99_ms / 1e3, "TTFT p99 target"),
+                ("pdctl_target_gap_p99_seconds", t.gap_p99_ms / 1e3,
+                 "inter-token gap p99 target"),
+                ("pdctl_target_error_ratio", t.error_rate,
+                 "failed and refused requests over all requests: target")):
+            yield GaugeMetricFamily(name, f"{doc} (GET /api/v1/targets)", value=value)
+
+
 class AdmissionCollector(Collector):
     """Requests in flight in the controller and the admission limits, read at scrape time."""
 
@@ -208,6 +228,9 @@ class Metrics:
 
     def attach(self, fleet: Fleet) -> None:
         self.registry.register(FleetCollector(fleet))
+
+    def attach_targets(self, targets: Callable[[], TargetsSettings]) -> None:
+        self.registry.register(TargetsCollector(targets))
 
     def attach_admission(self, inflight: Callable[[], int],
                          limits: Callable[[], tuple[int, int]],

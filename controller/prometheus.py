@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
+from controller import alerts
 from controller.config import PrometheusSettings, Settings
 from controller.errors import PdctlError
 from controller.launchers.process import free_port, spawn, stop_group, tail
@@ -141,8 +142,8 @@ def duration(seconds: float) -> str:
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
-def render_config(controller_target: str, sd_file: str, scrape_interval_s: float
-                  ) -> dict[str, Any]:
+def render_config(controller_target: str, sd_file: str, scrape_interval_s: float,
+                  rules_file: str | None = None) -> dict[str, Any]:
     """The scrape configuration. The controller job honours the labels it exposes: its
     ``pdctl_instance_*`` series carry the engine instance's id as ``instance``, the same
     value the engine targets get, so controller and engine series join on it."""
@@ -150,6 +151,7 @@ def render_config(controller_target: str, sd_file: str, scrape_interval_s: float
     return {
         "global": {"scrape_interval": interval, "scrape_timeout": interval,
                    "evaluation_interval": interval},
+        **({"rule_files": [rules_file]} if rules_file else {}),
         "scrape_configs": [
             {"job_name": CONTROLLER_JOB, "honor_labels": True,
              "static_configs": [{"targets": [controller_target]}]},
@@ -163,7 +165,9 @@ def write_config(state_dir: Path, controller_target: str, scrape_interval_s: flo
     """``STATE_DIR/prometheus/prometheus.yml`` for a controller at ``controller_target``."""
     d = prometheus_dir(state_dir).resolve()
     d.mkdir(parents=True, exist_ok=True)
-    cfg = render_config(controller_target, str(d / SD_FILE), scrape_interval_s)
+    rules = d / alerts.RULES_FILE
+    rules.write_text(yaml.safe_dump(alerts.rules(), sort_keys=False))
+    cfg = render_config(controller_target, str(d / SD_FILE), scrape_interval_s, str(rules))
     path = d / CONFIG_FILE
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path

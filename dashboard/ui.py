@@ -193,6 +193,27 @@ def _prom_range(key: str, name: str, end: float, window_s: float, step_s: float,
     return fetch(_c, name, Window(end, window_s, step_s))
 
 
+@st.cache_data(ttl=CACHE_TTL_S, max_entries=8, show_spinner=False)
+def _firing(key: str, _c: PromClient) -> list[dict[str, str]]:
+    return [dict(r.get("metric", {})) for r in _c.instant('ALERTS{alertstate="firing"}')]
+
+
+def prometheus_alerts() -> None:
+    """The alerts Prometheus has firing (its rules outlive this page: controller/alerts.py);
+    nothing without a Prometheus. A Prometheus that cannot answer is said once, quietly."""
+    p = prom()
+    if p is None:
+        return
+    try:
+        firing = _firing(p.cache_key, p)
+    except PromError as exc:
+        st.caption(f"Prometheus alerts unavailable: {exc}")
+        return
+    for a in sorted(firing, key=lambda m: m.get("alertname", "")):
+        st.error(f"**Prometheus alert firing: {a.get('alertname', '?')}** "
+                 f"(severity {a.get('severity', '?')})", icon=":material/notifications:")
+
+
 def prom_window(window_s: float) -> Window:
     """The window's range query, its end on a step boundary so that every card of one refresh
     asks the same question (and shares the cached answer)."""

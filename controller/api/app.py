@@ -101,9 +101,11 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
     writes = asyncio.Lock()
     planner = Planner(settings, fleet, requests, metrics, store, writes,
                       arrivals=lambda: (proxy.arrived, proxy.arrived_prompt_tokens))
+    targets = Targets(settings.targets, store)
+    metrics.attach_targets(lambda: targets.settings)
     return AppState(settings, store, fleet, table, proxy, requests, metrics, upstream,
                     ensure_token(state_dir), LeaseWatch(requests, metrics, store), planner,
-                    Targets(settings.targets, store),
+                    targets,
                     viewer_token=ensure_token(state_dir, "viewer-token"), writes=writes)
 
 

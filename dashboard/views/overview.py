@@ -29,6 +29,7 @@ def headline() -> None:
         return
     if targets is not None:
         ui.health_banner(health.evaluate(s, targets, cl))
+    ui.prometheus_alerts()
     ui.kv_integrity_alerts(s, window)
     ui.quarantine_alerts(cl, " See Pools.")
     share = s.transfer_share

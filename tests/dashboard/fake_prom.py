@@ -66,6 +66,7 @@ class FakePrometheus(BaseAdapter):
     reachable: bool = True
     queries: list[str] = field(default_factory=list)
     ranges: list[tuple[float, float, str]] = field(default_factory=list)
+    firing: list[dict[str, str]] = field(default_factory=list)  # ALERTS{alertstate="firing"}
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -79,6 +80,11 @@ class FakePrometheus(BaseAdapter):
         url = urlsplit(request.url or "")
         q = {k: v[0] for k, v in parse_qs(url.query).items()}
         self.queries.append(q["query"])
+        if q["query"] == 'ALERTS{alertstate="firing"}':
+            result = [{"metric": {"__name__": "ALERTS", "alertstate": "firing", **m},
+                       "value": [0, "1"]} for m in self.firing]
+            return _response(request, 200, {"status": "success", "data": {
+                "resultType": "vector", "result": result}})
         name = query_name(q["query"])
         if name is None:
             return _response(request, 400, {"status": "error", "errorType": "bad_data",

@@ -174,13 +174,23 @@ def captions(at: AppTest) -> str:
     return "\n".join(str(c.value) for c in at.caption)
 
 
+def test_overview_shows_the_alerts_prometheus_has_firing(app: Any) -> None:
+    fake = FakePrometheus(firing=[{"alertname": "PdctlTtftP95AboveTarget",
+                                   "severity": "warn"}])
+    at = app("overview", fake)
+    errors = "\n".join(str(e.value) for e in at.error)
+    assert "Prometheus alert firing: PdctlTtftP95AboveTarget" in errors
+    assert "severity warn" in errors
+
+
 def test_overview_time_series_come_from_prometheus(app: Any) -> None:
     fake = FakePrometheus()
     at = app("overview", fake)
-    names = {query_name(q) for q in fake.queries}
+    alerts_query = 'ALERTS{alertstate="firing"}'
+    names = {query_name(q) for q in fake.queries if q != alerts_query}
     assert {"part_mean", "part_p99", "ttft_p50", "ttft_p90", "ttft_p99",
             "request_rate"} <= names
-    assert None not in names
+    assert None not in names and alerts_query in fake.queries
     assert len(at.get("vega_lite_chart")) == 6  # the API's five, plus p99 of each part
     assert f"Prometheus `{PROM_URL}`, rate window 40s" in captions(at)
     assert "p99 (ms)" in specs(at)

@@ -21,7 +21,7 @@ import jsonschema
 import pytest
 import yaml
 
-from controller import prometheus
+from controller import alerts, prometheus
 from controller.config import PrometheusSettings, load_settings
 from dashboard import prom
 
@@ -194,15 +194,27 @@ def test_gpu_compose_reserves_gpus_and_runs_vllm_with_nixl() -> None:
     assert 'pip install "nixl==${NIXL_VERSION}"' in dockerfile
 
 
-def test_compose_prometheus_config_is_the_generated_one(promtool: str) -> None:
+def test_compose_prometheus_config_is_the_generated_one(promtool: str,
+                                                       tmp_path: Path) -> None:
     path = DOCKER / "prometheus" / "prometheus.yml"
     expected = prometheus.render_config("127.0.0.1:8080",
                                         "/var/lib/pdctl/prometheus/engines.json",
-                                        PrometheusSettings().scrape_interval_s)
-    assert yaml.safe_load(path.read_text()) == expected
-    out = subprocess.run([promtool, "check", "config", str(path)], capture_output=True,
+                                        PrometheusSettings().scrape_interval_s,
+                                        "/etc/prometheus/alerts.yml")
+    config = yaml.safe_load(path.read_text())
+    assert config == expected
+    rules = DOCKER / "prometheus" / "alerts.yml"
+    assert yaml.safe_load(rules.read_text()) == alerts.rules()
+    # The rules file as the container sees it: here, at its path in the repository.
+    local = tmp_path / "prometheus.yml"
+    local.write_text(yaml.safe_dump({**config, "rule_files": [str(rules)]}))
+    out = subprocess.run([promtool, "check", "config", str(local)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+    for compose in ("compose.cpu.yml", "compose.gpu.yml"):
+        mounts = yaml.safe_load((DOCKER / compose).read_text())["services"]["prometheus"][
+            "volumes"]
+        assert "./prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro" in mounts, compose
 
 
 def grafana_dashboard() -> dict[str, Any]:

@@ -140,6 +140,22 @@ def test_prometheus_scrapes_the_controller_and_every_engine(lab: Lab) -> None:
     assert {r["metric"]["instance"] for r in joined} == ids
 
 
+def test_the_lab_prometheus_loads_the_target_rules_and_follows_a_target_change(
+        lab: Lab) -> None:
+    from controller import alerts
+
+    groups = httpx.get(f"{lab.prom.url}/api/v1/rules", timeout=5).json()["data"]["groups"]
+    [group] = [g for g in groups if g["name"] == alerts.GROUP]
+    assert {r["name"] for r in group["rules"]} == set(alerts.FIGURES)
+    assert all(r["health"] != "err" for r in group["rules"]), group["rules"]
+    target = "pdctl_target_ttft_p95_seconds"
+    wait_for(lambda: bool(lab.instant(f"{target} == 2")), 2 * INTERVAL_S + SLACK_S,
+             "the default TTFT p95 target scraped")
+    lab.ctl.api("PATCH", "/targets", {"ttft_p95_ms": 750}).raise_for_status()
+    wait_for(lambda: bool(lab.instant(f"{target} == 0.75")), 2 * INTERVAL_S + SLACK_S,
+             "the changed target scraped (the rules read it: no reload)")
+
+
 def bucket(value: float, bounds: tuple[float, ...]) -> int:
     """Index of the histogram bucket ``(bounds[i-1], bounds[i]]`` holding ``value``
     (``len(bounds)`` for +Inf)."""
