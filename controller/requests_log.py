@@ -136,6 +136,13 @@ class RequestLog:
             out.append(rec)
         return out
 
+    def find(self, request_id: str) -> RequestRecord | None:
+        """The newest record of ``request_id`` still in the buffer, or None."""
+        for rec in reversed(self._records):
+            if rec.id == request_id:
+                return rec
+        return None
+
     def window(self, window_s: float, now: float | None = None) -> list[RequestRecord]:
         """Records that started within the last ``window_s`` seconds, oldest first."""
         cutoff = (time.time() if now is None else now) - window_s

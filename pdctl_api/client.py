@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -191,6 +192,11 @@ class PdctlClient:
 
     def planner(self, history: int = 60) -> PlannerPublic:
         return self._call(_adapter(PlannerPublic), "GET", "/planner", {"history": history})
+
+    def request(self, request_id: str) -> RequestPublic:
+        """One recorded request by id (404 when it is no longer, or never was, recorded)."""
+        path = f"/requests/{quote(request_id, safe='')}"
+        return self._call(_adapter(RequestPublic), "GET", path)
 
     def access(self) -> AccessPublic:
         """What this client's token may do."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Security
+from fastapi import APIRouter, Depends, Path, Query, Security
 from fastapi.dependencies.models import Dependant
 from fastapi.security import HTTPBearer
 from starlette.requests import Request
@@ -233,6 +233,18 @@ async def patch_routing(body: RoutingUpdate, st: State, request: Request) -> Rou
 async def list_requests(st: State, limit: Annotated[int, Query(ge=1, le=10_000)] = 100
                         ) -> list[RequestPublic]:
     return [RequestPublic.model_validate(r.public()) for r in st.requests.recent(limit)]
+
+
+@router.get("/requests/{request_id}", response_model=RequestPublic,
+            responses={404: {"model": ErrorPublic,
+                             "description": "no such request among those recorded"}})
+async def get_request(request_id: Annotated[str, Path(max_length=256)], st: State
+                      ) -> RequestPublic:
+    rec = st.requests.find(request_id)
+    if rec is None:
+        raise NotFound(f"no request {request_id!r} among the last {len(st.requests)} "
+                       "recorded (controller.request_buffer)")
+    return RequestPublic.model_validate(rec.public())
 
 
 def nixl_totals(instances: list[Instance]) -> dict[str, float]:

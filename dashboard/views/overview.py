@@ -78,6 +78,29 @@ def headline() -> None:
         st.dataframe(frames.components_table(s), hide_index=True, width="stretch")
 
 
+@st.fragment
+def find_request() -> None:
+    """One request by id (``X-Request-Id``, or the id the controller gave it)."""
+    with st.form("find-request", border=False):
+        left, right = st.columns([4, 1], vertical_alignment="bottom")
+        rid = left.text_input("Find a request by id", placeholder="request id",
+                              key="find-request-id")
+        asked = right.form_submit_button("Find")
+    if not asked or not rid.strip():
+        return
+    try:
+        found = ui.client().request(rid.strip())
+    except ApiError as exc:
+        if exc.status == 404:
+            st.warning(exc.detail, icon=":material/search_off:")
+        else:
+            ui.card_error(exc)
+        return
+    st.markdown(f"**{found.id}** · {found.path.value} · {found.status} · started "
+                f"{ui.clock(found.started_at)} · TTFT {ui.fmt_ms(found.ttft_ms)}")
+    ui.requests_table(frames.requests_frame([found]))
+
+
 @st.fragment(run_every=ui.run_every())
 def recent() -> None:
     st.subheader("Recent requests")
@@ -86,8 +109,9 @@ def recent() -> None:
     except ApiError as exc:
         ui.card_error(exc)
         return
+    df = df[df["started_at"] >= time.time() - window]  # the window's, like every card
     if df.empty:
-        st.info("No requests recorded yet.")
+        st.info(f"No requests in the last {window:g} s.")
         return
     st.altair_chart(charts.ttft_recent(frames.parts_long(df)), width="stretch")
     suspect = int(df["suspect"].sum())
@@ -230,6 +254,7 @@ def traffic() -> None:
 
 
 headline()
+find_request()
 recent()
 over_time()
 last_change()

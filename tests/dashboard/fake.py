@@ -201,6 +201,12 @@ class FakeController:
             return self.set_pool(role, body)
         if key == ("PATCH", "/routing"):
             return self.set_routing(body)
+        if request.method == "GET" and path.startswith("/requests/"):
+            rid = path.removeprefix("/requests/")
+            found = [r for r in self.records if r.id == rid]
+            if not found:
+                raise KeyError(rid)
+            return found[-1].public()
         if key == ("GET", "/access"):
             if self.legacy:
                 raise KeyError("/access")

@@ -151,6 +151,19 @@ def test_a_viewer_console_shows_everything_and_offers_no_change(
     assert "viewer token" in texts(at.info) and not at.get("form")
 
 
+def test_a_request_is_found_by_id(console: Console, fake: FakeController) -> None:
+    at = console(fake)
+    by_label(at.text_input, "Find a request by id").set_value("req-7")
+    by_label(at.button, "Find").click()
+    at.run()
+    no_exceptions(at)
+    assert "**req-7** · disaggregated · ok" in texts(at.markdown)  # k % 3 != 0
+    by_label(at.text_input, "Find a request by id").set_value("nope")
+    by_label(at.button, "Find").click()
+    at.run()
+    assert "nope" in texts(at.warning)
+
+
 def test_pools_page_lists_every_instance(console: Console, fake: FakeController) -> None:
     fake.instances = make_instances(40, 80)
     at = console(fake, "pools")

@@ -353,3 +353,25 @@ def test_a_console_with_the_viewer_token_reads_everything_and_changes_nothing(
                     headers={"Authorization": "Bearer " + (
                         controller.state_dir / "viewer-token").read_text().strip()})
     assert r.status_code == 403 and controller.get("/cluster")["pools"] == before
+
+
+def test_a_request_is_found_by_its_id(controller: ControllerProc, console: str,
+                                      tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    r = httpx.post(f"{controller.url}/v1/completions", timeout=30,
+                   headers={"X-Request-Id": "find-me-123"},
+                   json={"model": "llama-3-70b", "prompt": "hello there", "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    with browser(tmp_path) as page:
+        open_page(page, console, "overview")
+        box = page.get_by_role("textbox", name="Find a request by id", exact=True)
+        box.fill("find-me-123")
+        page.get_by_role("button", name="Find", exact=True).click()
+        expect(page.get_by_text(re.compile(r"^find-me-123 · colocated · ok · started "))
+               ).to_be_visible(timeout=15_000)
+        box.fill("not-a-request")
+        page.get_by_role("button", name="Find", exact=True).click()
+        expect(page.get_by_text("no request 'not-a-request' among the last")).to_be_visible(
+            timeout=15_000)
+        shoot(page, "overview-find-request")

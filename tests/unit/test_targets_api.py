@@ -83,3 +83,12 @@ def test_the_viewer_token_reads_and_is_refused_every_change(app_state: Fixture) 
                                                            "targets.update")
     bad = {"Authorization": "Bearer nope"}
     assert tc.get("/api/v1/cluster", headers=bad).status_code == 401
+
+
+def test_a_request_is_found_by_id(app_state: Fixture) -> None:
+    tc, st = app_state
+    rid = st.requests.recent(1)[0].id
+    r = tc.get(f"/api/v1/requests/{rid}")
+    assert r.status_code == 200 and r.json()["id"] == rid
+    missing = tc.get("/api/v1/requests/never-seen")
+    assert missing.status_code == 404 and "never-seen" in missing.json()["detail"]
