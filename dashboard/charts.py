@@ -97,6 +97,14 @@ def request_rate(rate: pd.DataFrame) -> alt.Chart:
     )
 
 
+def span(chart: alt.Chart | alt.LayerChart, start: float, end: float) -> alt.LayerChart:
+    """``chart`` with its time axis over the whole window ``start``..``end`` (unix s), drawn
+    or not: every time chart of a page then shares one x-axis, however much data each has."""
+    edges = pd.DataFrame({"time": pd.to_datetime([start, end], unit="s", utc=True)})
+    frame = alt.Chart(edges).mark_point(opacity=0).encode(x=TIME)
+    return alt.LayerChart(layer=[chart, frame])
+
+
 def annotate(chart: alt.Chart | alt.LayerChart, changes: pd.DataFrame
              ) -> alt.Chart | alt.LayerChart:
     """``chart`` with each change to the cluster (``time, label``) as a vertical rule."""

@@ -143,8 +143,10 @@ def over_time() -> None:
     left, right = st.columns(2)
     left.caption(f"Mean of each part per {ui.step_for(window):g} s bucket; green: changes "
                  "to the cluster")
-    left.altair_chart(charts.annotate(charts.ttft_parts_over_time(frames.ts_parts_long(ts)),
-                                      marks), width="stretch")
+    start, end = time.time() - window, time.time()
+    left.altair_chart(charts.span(charts.annotate(
+        charts.ttft_parts_over_time(frames.ts_parts_long(ts)), marks), start, end),
+        width="stretch")
     pct = frames.ts_percentiles_long(ts)
     lines = target_lines()
     shown = on_scale(lines, float(pct["ms"].max()) if not pct.empty else 0.0)
@@ -152,8 +154,8 @@ def over_time() -> None:
     right.caption("TTFT percentiles per bucket; dashed: the targets" + (
         "; " + ", ".join(f"{k} {v:,.0f} ms" for k, v in above.items()) + " far above"
         if above else ""))
-    right.altair_chart(charts.annotate(charts.ttft_percentiles(pct, shown), marks),
-                       width="stretch")
+    right.altair_chart(charts.span(charts.annotate(charts.ttft_percentiles(pct, shown), marks),
+                                   start, end), width="stretch")
 
 
 CHANGE_EVENTS = 200  # audit events read for the charts' change marks
@@ -247,8 +249,8 @@ def traffic() -> None:
     left, right = st.columns([2, 1])
     left.caption(ui.prom_caption("Requests per second by path (`pdctl_requests_total`)", window)
                  if res is not None else "Requests per second by path")
-    left.altair_chart(charts.annotate(charts.request_rate(rate), change_marks()),
-                      width="stretch")
+    left.altair_chart(charts.span(charts.annotate(charts.request_rate(rate), change_marks()),
+                                  time.time() - window, time.time()), width="stretch")
     right.caption("Disaggregated vs colocated in the window")
     right.altair_chart(charts.path_share(frames.path_share(s)), width="stretch")
 

@@ -6,6 +6,7 @@ from the controller's API."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import streamlit as st
@@ -84,9 +85,10 @@ def over_time() -> None:
     elif ts is not None:
         ts = ts.assign(kv_gb_per_s=ts["kv_gb_per_s"] * scale,
                        transfer_gbps=ts["transfer_gbps"] * scale)
-        left.altair_chart(charts.kv_throughput(ts), width="stretch")
-        right.altair_chart(charts.achieved_bandwidth(ts, ceiling or 0.0, link),
-                           width="stretch")
+        start, end = time.time() - window, time.time()
+        left.altair_chart(charts.span(charts.kv_throughput(ts), start, end), width="stretch")
+        right.altair_chart(charts.span(charts.achieved_bandwidth(ts, ceiling or 0.0, link),
+                                       start, end), width="stretch")
 
 
 def prom_over_time(left: Any, right: Any, res: dict[str, prom.Result], link: str,
@@ -156,7 +158,8 @@ def by_path() -> None:
     if xfer.empty:
         left.info("No disaggregated requests in the window.")
     else:
-        left.altair_chart(charts.transfer_percentiles(xfer), width="stretch")
+        left.altair_chart(charts.span(charts.transfer_percentiles(xfer), time.time() - window,
+                                      time.time()), width="stretch")
     scale = cl.time_scale
     modelled = "; bandwidth in modelled time" if scale != 1 else ""
     right.markdown(f"**Per prefill → decode pair** (last {SCATTER_LIMIT} requests{modelled})")

@@ -294,3 +294,13 @@ def test_change_marks_and_before_after_a_change() -> None:
     early = frames.before_after(df, now - 25, 10.0)
     assert early is not None and early.loc["rate_per_s", "before"] == pytest.approx(10.0, 0.2)
     assert frames.before_after(df, now + 5, 10.0) is None  # nothing after it yet
+
+
+def test_span_stretches_a_time_chart_over_the_window() -> None:
+    chart = charts.request_rate(pd.DataFrame({"time": [pd.Timestamp.now(tz="UTC")],
+                                              "path": ["colocated"], "per_s": [1.0]}))
+    spec = charts.span(chart, 1000.0, 1300.0).to_dict()
+    frame = spec["layer"][1]
+    assert frame["mark"] == {"type": "point", "opacity": 0}
+    edges = spec["datasets"][frame["data"]["name"]]
+    assert [pd.Timestamp(e["time"]).timestamp() for e in edges] == [1000.0, 1300.0]

@@ -151,6 +151,24 @@ def test_a_viewer_console_shows_everything_and_offers_no_change(
     assert "viewer token" in texts(at.info) and not at.get("form")
 
 
+def marks(spec: Any) -> list[Any]:
+    """Every mark of a Vega-Lite spec, layers included."""
+    out = [spec["mark"]] if "mark" in spec else []
+    for layer in spec.get("layer", []):
+        out += marks(layer)
+    return out
+
+
+def test_the_time_charts_of_a_page_share_the_window(console: Console,
+                                                    fake: FakeController) -> None:
+    import json
+
+    at = console(fake)  # the 5-min window; the fake's requests cover its last 30 s
+    framed = [c for c in at.get("vega_lite_chart")
+              if {"type": "point", "opacity": 0} in marks(json.loads(c.proto.spec))]
+    assert len(framed) == 3  # TTFT parts, TTFT percentiles, traffic: one x-axis
+
+
 def test_a_request_is_found_by_id(console: Console, fake: FakeController) -> None:
     at = console(fake)
     by_label(at.text_input, "Find a request by id").set_value("req-7")
