@@ -160,6 +160,16 @@ class RequestLog:
         cutoff = (time.time() if now is None else now) - window_s
         return _tail(self, lambda v: v[:, COL["started_at"]] >= cutoff)
 
+    def between(self, window_s: float, end: float | None = None) -> tuple[Columns, float]:
+        """Records that started in ``[end - window_s, end)`` (``end``: now by default), and
+        the seconds of that window the log was recording (``covered``)."""
+        now = time.time()
+        end = now if end is None else min(end, now)
+        cols = self.columns(window_s, end)
+        if end < now:  # a window in the past: not what started after it
+            cols = cols.select(cols.col("started_at") < end)
+        return cols, max(0.0, min(window_s, end - self.since))
+
     def finished(self, window_s: float, now: float | None = None) -> Columns:
         """Records that finished within the last ``window_s`` seconds (the log's order), as
         columns: a window's throughput, which a window by start time understates while its

@@ -160,30 +160,19 @@ def change_marks(events: list[EventPublic], since: float) -> pd.DataFrame:
     return df[["time", "kind", "label"]]
 
 
-def before_after(requests: pd.DataFrame, at: float, span_s: float) -> pd.DataFrame | None:
-    """The requests of ``span_s`` before the change at ``at`` (unix s) against those since
-    (at most ``span_s``): count, rate, TTFT p50/p99 and mean parts, per row. None when
-    either side has no request."""
-    t = requests["started_at"]
-    sides = {"before": requests[(t >= at - span_s) & (t < at)],
-             "after": requests[(t >= at) & (t < at + span_s)]}
-    if any(side.empty for side in sides.values()):
+def before_after(before: StatsPublic, after: StatsPublic) -> pd.DataFrame | None:
+    """The window before a change against the one after it (``/stats`` with ``end``): one
+    row per figure. None when either side has no request."""
+    if before.requests == 0 or after.requests == 0:
         return None
     rows = {}
-    first, last = float(t.min()), float(t.max())
-    for name, side in sides.items():
-        ok = side[side["status"] == "ok"]
-        # Each side's rate over the time it covers: not the part of the span before the
-        # first request known or after the last one.
-        seconds = max(1e-3, (min(at + span_s, last) - at) if name == "after"
-                      else (at - max(at - span_s, first)))
-        rows[name] = {"requests": len(side), "rate_per_s": len(side) / seconds,
-                      "ttft_p50_ms": float(ok["ttft_ms"].quantile(0.5)) if len(ok) else None,
-                      "ttft_p99_ms": float(ok["ttft_ms"].quantile(0.99)) if len(ok) else None,
-                      **{f"{p}_ms": float(ok[f"{p}_ms"].mean()) if len(ok) else None
-                         for p in PARTS},
-                      "errors": int((side["status"] != "ok").sum())}
-    return pd.DataFrame(rows).astype(float).round(1)
+    for name, s in (("before", before), ("after", after)):
+        rows[name] = {"requests": s.requests, "rate_per_s": s.request_rate,
+                      "ttft_p50_ms": s.ttft_ms.p50, "ttft_p99_ms": s.ttft_ms.p99,
+                      **{f"{p}_ms": s.components_ms.part(p).mean for p in PARTS},
+                      "gap_p99_ms": s.gap_p99_ms.p99 if s.gap_p99_ms else None,
+                      "error_rate": s.error_rate}
+    return pd.DataFrame(rows).astype(float).round(3)
 
 
 def ts_parts_long(ts: pd.DataFrame) -> pd.DataFrame:

@@ -180,8 +180,12 @@ class PdctlClient:
     def requests(self, limit: int = 100) -> list[RequestPublic]:
         return self._call(_REQUESTS, "GET", "/requests", {"limit": limit})
 
-    def stats(self, window_s: float = 60.0) -> StatsPublic:
-        return self._call(_adapter(StatsPublic), "GET", "/stats", {"window_s": window_s})
+    def stats(self, window_s: float = 60.0, end: float | None = None) -> StatsPublic:
+        """The window's aggregates; ``end`` (unix s): a window that ended then, not now."""
+        params: dict[str, float] = {"window_s": window_s}
+        if end is not None:
+            params["end"] = end
+        return self._call(_adapter(StatsPublic), "GET", "/stats", params)
 
     def timeseries(self, window_s: float = 300.0, step_s: float = 5.0) -> TimeseriesPublic:
         return self._call(_adapter(TimeseriesPublic), "GET", "/timeseries",

@@ -275,10 +275,12 @@ def pool_utilization(st: AppState) -> dict[str, Any]:
 
 
 @router.get("/stats", response_model=StatsPublic)
-async def get_stats(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 60.0
-              ) -> StatsPublic:
-    out = stats(st.requests.columns(window_s), window_s,
-                st.table.settings.transfer_alert_share, st.requests.covered(window_s))
+async def get_stats(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 60.0,
+                    end: Annotated[float | None, Query(gt=0, le=1e11, description=(
+                        "the window's end, unix seconds (default: now): the window is "
+                        "[end - window_s, end)"))] = None) -> StatsPublic:
+    cols, covered = st.requests.between(window_s, end)
+    out = stats(cols, window_s, st.table.settings.transfer_alert_share, covered)
     out["pools"] = pool_utilization(st)
     out["total_requests"] = st.requests.total
     rs = st.table.settings
@@ -293,13 +295,17 @@ async def get_stats(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)
 @router.get("/timeseries", response_model=TimeseriesPublic)
 async def get_timeseries(st: State,
                          window_s: Annotated[float, Query(gt=0, le=86_400)] = 300.0,
-                         step_s: Annotated[float, Query(gt=0, le=3600)] = 5.0) -> TimeseriesPublic:
+                         step_s: Annotated[float, Query(gt=0, le=3600)] = 5.0,
+                         end: Annotated[float | None, Query(gt=0, le=1e11, description=(
+                             "the window's end, unix seconds (default: now)"))] = None
+                         ) -> TimeseriesPublic:
     if window_s / step_s > 2000:
         raise InvalidChange("window_s / step_s must be at most 2000 buckets")
-    now = time.time()
+    now = time.time() if end is None else end
+    cols, _ = st.requests.between(window_s, end)
     return TimeseriesPublic.model_validate(
         {"window_s": window_s, "step_s": step_s, "now": now,
-         "buckets": timeseries(st.requests.columns(window_s, now), window_s, step_s, now)})
+         "buckets": timeseries(cols, window_s, step_s, now)})
 
 
 @router.get("/advisor", response_model=AdvisorPublic)

@@ -205,7 +205,6 @@ def prom_over_time(res: dict[str, prom.Result]) -> None:
 
 
 BEFORE_AFTER_S = 120.0  # each side of the last change
-BEFORE_AFTER_REQUESTS = 5000  # recent requests read to compare them
 
 
 @st.fragment(run_every=ui.run_every())
@@ -221,14 +220,18 @@ def last_change() -> None:
     last = marks.iloc[-1]
     at = last["time"].timestamp()
     st.subheader("Last change: before and after")
+    after_s = min(BEFORE_AFTER_S, time.time() - at)
     st.caption(f"{last['label']} at {ui.clock(at)}; requests started within "
-               f"{BEFORE_AFTER_S:g} s either side")
+               f"{BEFORE_AFTER_S:g} s before it and the {after_s:.0f} s since (at most "
+               f"{BEFORE_AFTER_S:g}); rates over the time each side covers")
     try:
-        df = frames.requests_frame(ui.recent_requests(BEFORE_AFTER_REQUESTS))
+        c = ui.client()
+        before = c.stats(BEFORE_AFTER_S, end=at)
+        after = c.stats(max(after_s, 1e-3), end=at + max(after_s, 1e-3))
     except ApiError as exc:
         ui.card_error(exc)
         return
-    table = frames.before_after(df, at, BEFORE_AFTER_S)
+    table = frames.before_after(before, after)
     if table is None:
         st.info("Not enough requests on both sides of the change yet to compare them.")
         return

@@ -173,7 +173,11 @@ class FakeController:
         if key == ("GET", "/routing"):
             return self.routing
         if key == ("GET", "/stats"):
-            out = stats(self.window(window), window, self.routing["transfer_alert_share"])
+            recs = self.window(window)
+            if "end" in q:  # a window in the past: [end - window, end)
+                end = float(q["end"])
+                recs = [r for r in self.records if end - window <= r.started_at < end]
+            out = stats(recs, window, self.routing["transfer_alert_share"])
             out = {**out, "pools": {}, "total_requests": len(self.records)}
             if not self.legacy:
                 out["kv_integrity"] = self.kv_integrity

@@ -10,7 +10,7 @@ import pytest
 
 from controller import profiles
 from controller.models import Instance
-from controller.requests_log import stats, timeseries
+from controller.requests_log import RequestLog, stats, timeseries
 from dashboard import charts, frames, whatif
 from pdctl_api.schema import (
     ClusterPublic,
@@ -283,17 +283,24 @@ def test_change_marks_and_before_after_a_change() -> None:
     spec = charts.annotate(charts.request_rate(pd.DataFrame(
         {"time": marks["time"], "path": "disaggregated", "per_s": 1.0})), marks).to_dict()
     assert [layer["mark"]["type"] for layer in spec["layer"]][1:] == ["rule", "text"]
-    records = make_records(300, now=now)  # 30 s of requests, 10 per second
-    df = frames.requests_frame([RequestPublic.model_validate(r.public()) for r in records])
+    log = RequestLog(1000)
+    for r in make_records(300, now=now):  # 30 s of requests, 10 per second
+        log.add(r)
+    log.since = now - 30
+
+    def side(window: float, end: float) -> StatsPublic:
+        cols, covered = log.between(window, end)
+        return StatsPublic.model_validate({**stats(cols, window, 0.2, covered), "pools": {},
+                                           "total_requests": 300})
     at = now - 15
-    table = frames.before_after(df, at, 10.0)
+    table = frames.before_after(side(10.0, at), side(10.0, at + 10))
     assert table is not None and list(table.columns) == ["before", "after"]
     assert table.loc["requests", "before"] == 100 and table.loc["requests", "after"] == 100
     assert table.loc["rate_per_s", "before"] == pytest.approx(10.0)
-    # A side that starts before the first request known is not diluted by the empty time.
-    early = frames.before_after(df, now - 25, 10.0)
+    # A side that starts before the log did is not diluted by the time before it.
+    early = frames.before_after(side(10.0, now - 25), side(10.0, now - 15))
     assert early is not None and early.loc["rate_per_s", "before"] == pytest.approx(10.0, 0.2)
-    assert frames.before_after(df, now + 5, 10.0) is None  # nothing after it yet
+    assert frames.before_after(side(10.0, now - 40), side(10.0, now - 30)) is None
 
 
 def test_span_stretches_a_time_chart_over_the_window() -> None:

@@ -92,3 +92,13 @@ def test_a_request_is_found_by_id(app_state: Fixture) -> None:
     assert r.status_code == 200 and r.json()["id"] == rid
     missing = tc.get("/api/v1/requests/never-seen")
     assert missing.status_code == 404 and "never-seen" in missing.json()["detail"]
+
+
+def test_stats_of_a_window_in_the_past(app_state: Fixture) -> None:
+    tc, st = app_state
+    first = min(r.started_at for r in st.requests.recent(100))
+    now = tc.get("/api/v1/stats?window_s=600").json()
+    past = tc.get(f"/api/v1/stats?window_s=600&end={first + 1e-6}").json()
+    assert now["requests"] == 5 and past["requests"] == 1  # only what started before end
+    assert tc.get("/api/v1/timeseries?window_s=60&step_s=10&end=1").json()["now"] == 1
+    assert tc.get("/api/v1/stats?window_s=60&end=-1").status_code == 422
