@@ -26,7 +26,7 @@ from controller.config import Settings
 from controller.errors import ConfigError, LaunchError
 from controller.launchers.base import EngineKind, Launched, Launcher, LaunchSpec, exit_reason
 from controller.launchers.ray_actor import EngineHost
-from controller.launchers.ray_head import LocalHead
+from controller.launchers.ray_head import LocalHead, ensure_local_token
 
 log = logging.getLogger("pdctl.ray")
 
@@ -136,6 +136,8 @@ class RayLauncher(Launcher):
 
         r = self._s.ray
         address = r.address or "auto"
+        if address == "local":
+            ensure_local_token(self._s.controller.state_dir)
         use_token_auth()
         if address == "local":
             self._head = LocalHead(self._s)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -37,6 +38,26 @@ def head_argv(settings: Settings, port: int) -> list[str]:
         # as logical GPUs (one node holding them all).
         argv += ["--num-gpus", str(hw.total_accelerators)]
     return argv
+
+
+TOKEN_FILE = "ray-auth-token"
+
+
+def ensure_local_token(state_dir: Path) -> None:
+    """The local head runs in token mode, and Ray's ``ray start`` does not create a token: on
+    a machine with none (no ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ~/.ray/auth_token)
+    give the head, its workers and this driver one kept in the state directory (owner-only),
+    through ``RAY_AUTH_TOKEN_PATH`` in this process's environment."""
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") \
+            or (Path.home() / ".ray" / "auth_token").exists():
+        return
+    path = (state_dir / TOKEN_FILE).resolve()
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(path)
 
 
 class LocalHead:

@@ -4,6 +4,7 @@ command line, device choice on a node, and the settings that select it."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,25 @@ def test_an_address_nobody_answers_is_refused_at_once_with_its_reason(
     monkeypatch.setattr(serve, "create_app", cannot_join)
     assert serve._serve(load_settings(None)) == 2  # a clear line, not a traceback
     assert "pdctl: cannot join the Ray cluster" in capsys.readouterr().err
+
+
+def test_a_local_head_gets_a_token_on_a_machine_with_none(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from controller.launchers.ray_head import TOKEN_FILE, ensure_local_token
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for var in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    ensure_local_token(tmp_path / "state")
+    path = tmp_path / "state" / TOKEN_FILE
+    assert os.environ["RAY_AUTH_TOKEN_PATH"] == str(path.resolve())
+    assert len(path.read_text()) == 64 and (path.stat().st_mode & 0o777) == 0o600
+    token = path.read_text()
+    ensure_local_token(tmp_path / "state")  # kept across starts
+    assert path.read_text() == token
+    # An operator's own token wins: nothing is written.
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH")
+    (tmp_path / "home" / ".ray").mkdir(parents=True)
+    (tmp_path / "home" / ".ray" / "auth_token").write_text("theirs")
+    ensure_local_token(tmp_path / "other")
+    assert "RAY_AUTH_TOKEN_PATH" not in os.environ and not (tmp_path / "other").exists()
