@@ -10,7 +10,7 @@ from typing import Any, get_args
 import altair as alt
 import streamlit as st
 
-from dashboard import changes, planner_view, ui
+from dashboard import changes, charts, planner_view, ui
 from dashboard.client import ApiError
 from pdctl_api.schema import PlannerMode, PlannerPublic, PredictorName, Role
 
@@ -150,9 +150,9 @@ def live() -> None:
                        f"{last.current[role]} → {last.recommended[role]}")
     cols[3].metric("Next pass", ui.clock(pl.next_at) if pl.next_at else "—",
                    help=f"every {pl.interval_s:g} s while the mode is not off")
-    if pl.time_scale != 1.0:
-        st.info(f"Simulated time runs at {pl.time_scale:g} wall s per modelled s: targets, "
-                "observations and profiles are in modelled time", icon=":material/schedule:")
+    if pl.time_scale != 1.0:  # the page banner says time is scaled; here: in which units
+        st.caption(f"Targets, observations and profiles here are in modelled time (wall / "
+                   f"{pl.time_scale:g}).")
     want = planner_view.pending_recommendation(pl)
     if pl.mode == "advisory" and want and ui.may_change():
         st.button("Review the recommendation", type="primary", on_click=review_recommendation,
@@ -165,7 +165,7 @@ def live() -> None:
     sizes = planner_view.sizes(hist)
     left.markdown("**Pool sizes: recommended vs current**")
     left.altair_chart(alt.Chart(sizes).mark_line(point=True, interpolate="step-after").encode(
-        x="time:T", y=alt.Y("instances:Q", title="instances"),
+        x=charts.TIME, y=alt.Y("instances:Q", title="instances"),
         color="pool:N", strokeDash="series:N", tooltip=["time:T", "pool", "series",
                                                         "instances"]),
         width="stretch")
@@ -175,14 +175,14 @@ def live() -> None:
         right.caption("no data yet")
     else:
         right.altair_chart(alt.Chart(ld).mark_line(point=True).encode(
-            x="time:T", y="requests/s:Q", color="series:N",
+            x=charts.TIME, y="requests/s:Q", color="series:N",
             tooltip=["time:T", "series", "requests/s"]), width="stretch")
     lat = planner_view.latency(hist, pl)
     if not lat.empty:
         st.markdown("**Observed p95 against the targets (ms)**")
         base = alt.Chart(lat)
         st.altair_chart(
-            (base.mark_line(point=True).encode(x="time:T", y="ms:Q", color="metric:N")
+            (base.mark_line(point=True).encode(x=charts.TIME, y="ms:Q", color="metric:N")
              + base.mark_rule(strokeDash=[4, 4]).encode(y="target:Q", color="metric:N")),
             width="stretch")
     st.markdown("**Decisions**")
