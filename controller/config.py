@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -455,6 +455,19 @@ def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
         loc = ".".join(str(p) for p in e["loc"]) or "(root)"
         lines.append(f"{prefix}{loc}: {e['msg']}")
     return "; ".join(lines)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def patched(current: M, patch: dict[str, Any], prefix: str) -> M:
+    """``current`` with ``patch`` applied and validated as a whole; ``InvalidChange`` naming
+    the field (``prefix`` + its path) and the reason when it is not valid."""
+    try:
+        return type(current).model_validate({**current.model_dump(), **patch})
+    except ValidationError as exc:
+        field = ".".join(str(p) for p in exc.errors()[0]["loc"]) if exc.errors() else None
+        raise InvalidChange(describe_validation_error(exc, prefix), field) from None
 
 
 def load_settings(path: Path | None = None, defaults: dict[str, Any] | None = None,

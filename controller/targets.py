@@ -7,9 +7,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from pydantic import ValidationError
-
-from controller.config import TargetsSettings, describe_validation_error
+from controller.config import TargetsSettings, patched
 from controller.errors import InvalidChange
 from controller.store import Store
 
@@ -33,11 +31,7 @@ class Targets:
         if not patch:
             raise InvalidChange("nothing to change: give at least one target")
         before = self.settings.model_dump()
-        try:
-            new = TargetsSettings.model_validate({**before, **patch})
-        except ValidationError as exc:
-            field = ".".join(str(p) for p in exc.errors()[0]["loc"]) if exc.errors() else None
-            raise InvalidChange(describe_validation_error(exc, "targets."), field) from None
+        new = patched(self.settings, patch, "targets.")
         changed = {k: v for k, v in new.model_dump().items() if before.get(k) != v}
         self.settings = new
         self.store.put(KEY, new.model_dump())

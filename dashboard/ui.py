@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 import streamlit as st
@@ -90,14 +90,22 @@ def _requests(key: str, limit: int, _c: ControllerClient) -> list[RequestPublic]
     return _c.requests(limit)
 
 
-@st.cache_data(ttl=CACHE_TTL_S, max_entries=16, show_spinner=False)
-def _targets(key: str, _c: ControllerClient) -> TargetsPublic | None:
+T = TypeVar("T")
+
+
+def _unless_absent(call: Callable[[], T]) -> T | None:
+    """``call()``, or None where the controller answers 404: older than that endpoint."""
     try:
-        return _c.targets()
+        return call()
     except ApiError as exc:
-        if exc.status == 404:  # an older controller: no targets, no health status
+        if exc.status == 404:
             return None
         raise
+
+
+@st.cache_data(ttl=CACHE_TTL_S, max_entries=16, show_spinner=False)
+def _targets(key: str, _c: ControllerClient) -> TargetsPublic | None:
+    return _unless_absent(_c.targets)  # None: no targets, no health status
 
 
 @st.cache_data(ttl=5.0, max_entries=16, show_spinner=False)
@@ -133,12 +141,7 @@ def recent_requests(limit: int = RECENT_LIMIT) -> list[RequestPublic]:
 
 @st.cache_data(ttl=30.0, max_entries=16, show_spinner=False)
 def _access(key: str, _c: ControllerClient) -> AccessPublic | None:
-    try:
-        return _c.access()
-    except ApiError as exc:
-        if exc.status == 404:  # an older controller: one token, which may change
-            return None
-        raise
+    return _unless_absent(_c.access)  # None: one token, which may change
 
 
 def may_change() -> bool:

@@ -15,9 +15,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from pydantic import ValidationError
-
-from controller.config import RoutingSettings, describe_validation_error
+from controller.config import RoutingSettings, patched
 from controller.errors import InvalidChange
 from controller.models import Instance, Role
 from controller.router.policies import Policy, make_policy
@@ -101,11 +99,7 @@ class RoutingTable:
         if not patch:
             raise InvalidChange("nothing to change: give at least one routing field")
         before = self.settings.model_dump()
-        try:
-            new = RoutingSettings.model_validate({**before, **patch})
-        except ValidationError as exc:
-            field = ".".join(str(p) for p in exc.errors()[0]["loc"]) if exc.errors() else None
-            raise InvalidChange(describe_validation_error(exc, "routing."), field) from None
+        new = patched(self.settings, patch, "routing.")
         self.settings = new
         self.store.put("routing", new.model_dump())
         changed = {k: v for k, v in new.model_dump().items() if before.get(k) != v}
