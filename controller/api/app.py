@@ -9,10 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import secrets
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -45,26 +42,10 @@ from controller.router.h1 import H1Upstream
 from controller.router.proxy import Proxy
 from controller.store import Store
 from controller.targets import Targets
+from controller.token_file import ensure_token
 from controller.tokens import make_counter
 
 log = logging.getLogger("pdctl.controller")
-
-
-def ensure_token(state_dir: Path, name: str = "token") -> str:
-    """The API token in ``state_dir/<name>`` (``token``: the admin's; ``viewer-token``: the
-    read-only one), created owner-only on first start.
-
-    Hex, so that it never starts with ``-``: ``pdctl status --token $(cat .pdctl/token)`` must
-    not read it as an option (a url-safe token did, one start in 64)."""
-    path = state_dir / name
-    if path.exists():
-        return path.read_text().strip()
-    state_dir.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_hex(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    return token
 
 
 def make_launcher(settings: Settings) -> Launcher:

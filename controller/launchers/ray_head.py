@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 from controller.config import Settings
 from controller.errors import ConfigError
 from controller.launchers.process import free_port, spawn, stop_group_sync, tail
+from controller.token_file import ensure_token
 
 READY_TIMEOUT_S = 120.0
 
@@ -51,13 +51,8 @@ def ensure_local_token(state_dir: Path) -> None:
     if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") \
             or (Path.home() / ".ray" / "auth_token").exists():
         return
-    path = (state_dir / TOKEN_FILE).resolve()
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
-    os.environ["RAY_AUTH_TOKEN_PATH"] = str(path)
+    ensure_token(state_dir, TOKEN_FILE)
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str((state_dir / TOKEN_FILE).resolve())
 
 
 class LocalHead:

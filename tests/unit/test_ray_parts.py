@@ -114,7 +114,7 @@ def test_a_local_head_gets_a_token_on_a_machine_with_none(tmp_path: Path,
     ensure_local_token(tmp_path / "state")
     path = tmp_path / "state" / TOKEN_FILE
     assert os.environ["RAY_AUTH_TOKEN_PATH"] == str(path.resolve())
-    assert len(path.read_text()) == 64 and (path.stat().st_mode & 0o777) == 0o600
+    assert len(path.read_text().strip()) == 64 and (path.stat().st_mode & 0o777) == 0o600
     token = path.read_text()
     ensure_local_token(tmp_path / "state")  # kept across starts
     assert path.read_text() == token
