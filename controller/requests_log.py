@@ -168,7 +168,7 @@ class RequestLog:
         cols = self.columns(window_s, end)
         if end < now:  # a window in the past: not what started after it
             cols = cols.select(cols.col("started_at") < end)
-        return cols, max(0.0, min(window_s, end - self.since))
+        return cols, self.covered(window_s, end)
 
     def finished(self, window_s: float, now: float | None = None) -> Columns:
         """Records that finished within the last ``window_s`` seconds (the log's order), as

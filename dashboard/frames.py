@@ -228,9 +228,14 @@ ENDED_STATES = ("stopped", "failed")
 
 def live_instances(df: pd.DataFrame) -> pd.DataFrame:
     """The instances not yet ended, re-placed on the grid."""
-    live = df[~df["state"].isin(ENDED_STATES)].reset_index(drop=True)
-    pos = live.groupby("role", sort=False).cumcount()
-    return live.assign(col=pos % GRID_COLUMNS, row=pos // GRID_COLUMNS)
+    return _on_grid(df[~df["state"].isin(ENDED_STATES)].reset_index(drop=True))
+
+
+def _on_grid(df: pd.DataFrame) -> pd.DataFrame:
+    """``col``/``row`` of each instance on a grid of ``GRID_COLUMNS`` cells per row within its
+    role, in the frame's order."""
+    pos = df.groupby("role", sort=False).cumcount()
+    return df.assign(col=pos % GRID_COLUMNS, row=pos // GRID_COLUMNS)
 
 
 def instances_frame(instances: Iterable[InstancePublic]) -> pd.DataFrame:
@@ -251,8 +256,7 @@ def instances_frame(instances: Iterable[InstancePublic]) -> pd.DataFrame:
     df.loc[ended, ["running", "waiting", "kv_cache_usage"]] = float("nan")
     df = df.sort_values(["role", "id"], key=lambda s: s.map(_natural) if s.name == "id" else s,
                         ascending=[False, True]).reset_index(drop=True)
-    pos = df.groupby("role", sort=False).cumcount()
-    return df.assign(col=pos % GRID_COLUMNS, row=pos // GRID_COLUMNS)
+    return _on_grid(df)
 
 
 LEASE_COUNTERS = ("kv_expired_requests", "notifications_after_expiry")

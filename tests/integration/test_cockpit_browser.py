@@ -99,12 +99,17 @@ def metric(page: Any, label: str) -> str:
     return str(card.first.locator('[data-testid="stMetricValue"]').inner_text())
 
 
-def choose(page: Any, label: str, option: str | re.Pattern[str]) -> None:
-    """Pick ``option`` in the select box labelled ``label``."""
+def open_select(page: Any, label: str) -> None:
+    """Open the select box labelled ``label``: its options are then listed."""
     box = page.get_by_role("combobox", name=label, exact=True)
     box.click()
     if box.get_attribute("aria-expanded") != "true":  # a click does not always open it
         box.press("ArrowDown")
+
+
+def choose(page: Any, label: str, option: str | re.Pattern[str]) -> None:
+    """Pick ``option`` in the select box labelled ``label``."""
+    open_select(page, label)
     page.get_by_role("option", name=option, exact=isinstance(option, str)).click()
 
 
@@ -226,10 +231,7 @@ def test_controls_offer_valid_tps_show_capacity_and_review_a_routing_change(
         operator(page, "bob")
         expect(page.get_by_text(re.compile(r"^Accelerators: 8 used of 32 \(4 nodes x 8 "
                                            r"h100-sxm\), 24 free$"))).to_be_visible()
-        box = page.get_by_role("combobox", name="decode TP", exact=True)
-        box.click()
-        if box.get_attribute("aria-expanded") != "true":
-            box.press("ArrowDown")
+        open_select(page, "decode TP")
         options = page.get_by_role("option")
         expect(options).to_have_count(3)  # only what the controller would accept
         assert options.all_inner_texts() == ["2", "4", "8"]
