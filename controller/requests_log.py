@@ -127,13 +127,17 @@ class RequestLog:
                 return
         self._suspect_later.append(kv_handle)
 
-    def recent(self, limit: int) -> list[RequestRecord]:
-        """Newest first."""
+    def recent(self, limit: int, since: float | None = None, until: float | None = None
+               ) -> list[RequestRecord]:
+        """Newest first: at most ``limit`` records that started in ``[since, until)`` (either
+        bound open when None). Like ``window`` it stops at the first record older than
+        ``since``, counting back from the newest."""
         out: list[RequestRecord] = []
         for rec in reversed(self._records):
-            if len(out) >= limit:
+            if len(out) >= limit or (since is not None and rec.started_at < since):
                 break
-            out.append(rec)
+            if until is None or rec.started_at < until:
+                out.append(rec)
         return out
 
     def find(self, request_id: str) -> RequestRecord | None:

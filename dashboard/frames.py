@@ -149,12 +149,13 @@ CHANGE_KINDS = ("pool.update", "routing.update", "targets.update", "planner.upda
                 "instance.draining")
 
 
-def change_marks(events: list[EventPublic], since: float) -> pd.DataFrame:
-    """The cluster's changes since ``since`` (unix s) for chart annotations: ``time, kind,
-    label`` (who changed what)."""
+def change_marks(events: list[EventPublic], since: float, until: float = math.inf
+                 ) -> pd.DataFrame:
+    """The cluster's changes in ``[since, until]`` (unix s) for chart annotations: ``time,
+    kind, label`` (who changed what)."""
     rows = [(e.ts, e.kind.split(".")[0], f"{e.kind} {e.target} by {e.actor}: "
              f"{_compact(e.after)}") for e in events
-            if e.kind in CHANGE_KINDS and e.ts >= since]
+            if e.kind in CHANGE_KINDS and since <= e.ts <= until]
     df = pd.DataFrame(rows, columns=["ts", "kind", "label"])
     df["time"] = _when(df["ts"].to_numpy())
     return df[["time", "kind", "label"]]

@@ -7,7 +7,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from datetime import time as day_time
 from typing import Any, TypeVar
 
 import pandas as pd
@@ -37,6 +39,8 @@ PROM_KEY = "pdctl_prom"
 CONFIG_KEY = "pdctl_config"
 DOWN_KEY = "pdctl_down"
 WINDOWS = {"1 min": 60.0, "5 min": 300.0, "15 min": 900.0, "1 h": 3600.0}
+CUSTOM = "Custom range"
+MAX_RANGE_S = 86_400.0  # the API's longest window
 CACHE_TTL_S = 0.8  # shorter than the refresh interval: dedups within a refresh, never stale
 
 
@@ -75,19 +79,20 @@ def _cluster(key: str, _c: ControllerClient) -> ClusterPublic:
 
 
 @st.cache_data(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
-def _stats(key: str, window_s: float, _c: ControllerClient) -> StatsPublic:
-    return _c.stats(window_s)
+def _stats(key: str, window_s: float, end: float | None, _c: ControllerClient) -> StatsPublic:
+    return _c.stats(window_s, end)
 
 
 @st.cache_data(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
-def _timeseries(key: str, window_s: float, step_s: float, _c: ControllerClient
-                ) -> TimeseriesPublic:
-    return _c.timeseries(window_s, step_s)
+def _timeseries(key: str, window_s: float, step_s: float, end: float | None,
+                _c: ControllerClient) -> TimeseriesPublic:
+    return _c.timeseries(window_s, step_s, end)
 
 
 @st.cache_data(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
-def _requests(key: str, limit: int, _c: ControllerClient) -> list[RequestPublic]:
-    return _c.requests(limit)
+def _requests(key: str, limit: int, since: float | None, until: float | None,
+              _c: ControllerClient) -> list[RequestPublic]:
+    return _c.requests(limit, since, until)
 
 
 T = TypeVar("T")
@@ -124,19 +129,24 @@ def cluster() -> ClusterPublic:
     return _cluster(c.cache_key, c)
 
 
-def stats(window_s: float) -> StatsPublic:
+def stats(rng: TimeRange) -> StatsPublic:
     c = client()
-    return _stats(c.cache_key, window_s, c)
+    return _stats(c.cache_key, rng.window_s, rng.end, c)
 
 
-def timeseries(window_s: float) -> TimeseriesPublic:
+def timeseries(rng: TimeRange) -> TimeseriesPublic:
     c = client()
-    return _timeseries(c.cache_key, window_s, step_for(window_s), c)
+    return _timeseries(c.cache_key, rng.window_s, step_for(rng.window_s), rng.end, c)
 
 
-def recent_requests(limit: int = RECENT_LIMIT) -> list[RequestPublic]:
+def recent_requests(limit: int = RECENT_LIMIT, rng: TimeRange | None = None
+                    ) -> list[RequestPublic]:
+    """The newest ``limit`` requests; of a fixed range's, when ``rng`` is one (a live window
+    filters its own: its start moves on every refresh)."""
     c = client()
-    return _requests(c.cache_key, limit, c)
+    if rng is None or rng.end is None:
+        return _requests(c.cache_key, limit, None, None, c)
+    return _requests(c.cache_key, limit, rng.end - rng.window_s, rng.end, c)
 
 
 @st.cache_data(ttl=30.0, max_entries=16, show_spinner=False)
@@ -217,20 +227,20 @@ def prometheus_alerts() -> None:
                  f"(severity {a.get('severity', '?')})", icon=":material/notifications:")
 
 
-def prom_window(window_s: float) -> Window:
-    """The window's range query, its end on a step boundary so that every card of one refresh
-    asks the same question (and shares the cached answer)."""
-    step = step_for(window_s)
-    return Window(math.floor(time.time() / step) * step, window_s, step)
+def prom_window(rng: TimeRange) -> Window:
+    """The range query, its end on a step boundary so that every card of one refresh asks
+    the same question (and shares the cached answer)."""
+    step = step_for(rng.window_s)
+    return Window(math.floor(rng.stop() / step) * step, rng.window_s, step)
 
 
-def prom_results(names: Sequence[str], window_s: float) -> dict[str, Result] | None:
-    """The named queries over the window, or None when no Prometheus is configured or it
+def prom_results(names: Sequence[str], rng: TimeRange) -> dict[str, Result] | None:
+    """The named queries over the range, or None when no Prometheus is configured or it
     failed (then a short warning says so and the card shows the controller's figures)."""
     c = prom()
     if c is None:
         return None
-    w = prom_window(window_s)
+    w = prom_window(rng)
     try:
         return {n: _prom_range(c.cache_key, n, w.end, w.window_s, w.step_s, c) for n in names}
     except PromError as exc:
@@ -239,10 +249,10 @@ def prom_results(names: Sequence[str], window_s: float) -> dict[str, Result] | N
         return None
 
 
-def prom_caption(what: str, window_s: float) -> str:
+def prom_caption(what: str, rng: TimeRange) -> str:
     c = prom()
     return (f"{what} · Prometheus `{c.url if c else ''}`, rate window "
-            f"{prom_window(window_s).rate}, step {step_for(window_s):g} s")
+            f"{prom_window(rng).rate}, step {step_for(rng.window_s):g} s")
 
 
 def forget_reads() -> None:
@@ -254,8 +264,77 @@ def forget_reads() -> None:
 
 # ---- sidebar settings ----------------------------------------------------------------------
 
-def window_s() -> float:
-    return WINDOWS.get(st.session_state.get("pdctl_window", "5 min"), 300.0)
+@dataclass(frozen=True)
+class TimeRange:
+    """What the pages show: the last ``window_s`` seconds (``end`` None: live, ending now),
+    or the fixed range ``[end - window_s, end)`` the operator picked."""
+
+    window_s: float
+    end: float | None = None
+
+    def stop(self) -> float:
+        """The range's end now: a fixed end not yet reached is now (as the API clamps it)."""
+        now = time.time()
+        return now if self.end is None else min(self.end, now)
+
+    def start(self) -> float:
+        return self.stop() - self.window_s
+
+    def label(self) -> str:
+        if self.end is None:
+            return f"Last {self.window_s:g} s"
+        return (f"{clock(self.end - self.window_s)} → {clock(self.end)} "
+                f"({_span_text(self.window_s)}, a fixed range)")
+
+
+def _span_text(seconds: float) -> str:
+    return (f"{seconds / 3600:g} h" if seconds >= 3600 and seconds % 900 == 0 else
+            f"{seconds / 60:g} min" if seconds >= 60 and seconds % 60 == 0 else
+            f"{seconds:g} s")
+
+
+def custom_range(day: date, start: day_time, stop: day_time) -> TimeRange:
+    """The range from ``start`` to ``stop`` on ``day`` (local time); a ``stop`` at or before
+    ``start`` is on the next day (a range across midnight)."""
+    begin = datetime.combine(day, start)
+    end = datetime.combine(day, stop)
+    if end <= begin:
+        end += timedelta(days=1)
+    return TimeRange(min((end - begin).total_seconds(), MAX_RANGE_S), end.timestamp())
+
+
+def time_range() -> TimeRange:
+    """The range the sidebar picked: a preset window ending now, or a custom fixed range."""
+    choice = st.session_state.get("pdctl_window", "5 min")
+    if choice != CUSTOM:
+        return TimeRange(WINDOWS.get(choice, 300.0))
+    now = datetime.now().replace(second=0, microsecond=0)
+    return custom_range(st.session_state.get("pdctl_range_day", now.date()),
+                        st.session_state.get("pdctl_range_from",
+                                             (now - timedelta(minutes=15)).time()),
+                        st.session_state.get("pdctl_range_to", now.time()))
+
+
+def _range_picker() -> None:
+    """Day, from and to of a custom range; first shown as the last 15 minutes."""
+    now = datetime.now().replace(second=0, microsecond=0)
+    defaults = {"pdctl_range_day": now.date(),
+                "pdctl_range_from": (now - timedelta(minutes=15)).time(),
+                "pdctl_range_to": now.time()}
+    for key, value in defaults.items():
+        st.session_state.setdefault(key, value)
+    st.date_input("Day", key="pdctl_range_day", max_value=now.date() + timedelta(days=1),
+                  help="the day the range starts (local time of the console)")
+    left, right = st.columns(2)
+    left.time_input("From", key="pdctl_range_from", step=60)
+    right.time_input("To", key="pdctl_range_to", step=60,
+                     help="at or before From: the next day")
+    rng = time_range()
+    end = rng.end if rng.end is not None else rng.stop()
+    note = "  \nnot over yet: the pages show it up to now" if end > time.time() else ""
+    st.caption(f"{datetime.fromtimestamp(end - rng.window_s):%Y-%m-%d %H:%M} → "
+               f"{datetime.fromtimestamp(end):%Y-%m-%d %H:%M} "
+               f"({_span_text(rng.window_s)}){note}")
 
 
 def run_every() -> float | None:
@@ -266,8 +345,11 @@ def run_every() -> float | None:
 def sidebar() -> None:
     cfg = config()
     with st.sidebar:
-        st.selectbox("Window", list(WINDOWS), index=1, key="pdctl_window",
-                     help="time window of the statistics and charts")
+        st.selectbox("Window", [*WINDOWS, CUSTOM], index=1, key="pdctl_window",
+                     help="time window of the statistics and charts: the last minutes up to "
+                          f"now, or a fixed range in the past ({CUSTOM})")
+        if st.session_state.get("pdctl_window") == CUSTOM:
+            _range_picker()
         st.toggle("Live", value=True, key="pdctl_live",
                   help=f"refresh the live cards every {cfg.refresh_s:g} s")
         if not may_change():

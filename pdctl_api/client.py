@@ -177,8 +177,16 @@ class PdctlClient:
     def routing(self) -> RoutingPublic:
         return self._call(_adapter(RoutingPublic), "GET", "/routing")
 
-    def requests(self, limit: int = 100) -> list[RequestPublic]:
-        return self._call(_REQUESTS, "GET", "/requests", {"limit": limit})
+    def requests(self, limit: int = 100, since: float | None = None,
+                 until: float | None = None) -> list[RequestPublic]:
+        """The newest ``limit`` requests, newest first; ``since``/``until`` (unix s) bound
+        their start times."""
+        params: dict[str, float] = {"limit": limit}
+        if since is not None:
+            params["since"] = since
+        if until is not None:
+            params["until"] = until
+        return self._call(_REQUESTS, "GET", "/requests", params)
 
     def stats(self, window_s: float = 60.0, end: float | None = None) -> StatsPublic:
         """The window's aggregates; ``end`` (unix s): a window that ended then, not now."""
@@ -187,9 +195,13 @@ class PdctlClient:
             params["end"] = end
         return self._call(_adapter(StatsPublic), "GET", "/stats", params)
 
-    def timeseries(self, window_s: float = 300.0, step_s: float = 5.0) -> TimeseriesPublic:
-        return self._call(_adapter(TimeseriesPublic), "GET", "/timeseries",
-                          {"window_s": window_s, "step_s": step_s})
+    def timeseries(self, window_s: float = 300.0, step_s: float = 5.0,
+                   end: float | None = None) -> TimeseriesPublic:
+        """Buckets of ``step_s`` over the window; ``end`` (unix s): a window that ended then."""
+        params = {"window_s": window_s, "step_s": step_s}
+        if end is not None:
+            params["end"] = end
+        return self._call(_adapter(TimeseriesPublic), "GET", "/timeseries", params)
 
     def advisor(self, window_s: float = 600.0) -> AdvisorPublic:
         return self._call(_adapter(AdvisorPublic), "GET", "/advisor", {"window_s": window_s})

@@ -230,9 +230,18 @@ async def patch_routing(body: RoutingUpdate, st: State, request: Request) -> Rou
 
 
 @router.get("/requests", response_model=list[RequestPublic])
-async def list_requests(st: State, limit: Annotated[int, Query(ge=1, le=10_000)] = 100
+async def list_requests(st: State, limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+                        since: Annotated[float | None, Query(ge=0, le=1e11, description=(
+                            "only requests that started at or after this unix time"))] = None,
+                        until: Annotated[float | None, Query(gt=0, le=1e11, description=(
+                            "only requests that started before this unix time"))] = None
                         ) -> list[RequestPublic]:
-    return [RequestPublic.model_validate(r.public()) for r in st.requests.recent(limit)]
+    """The newest ``limit`` recorded requests, newest first; ``since``/``until`` bound their
+    start times (a time range in the past)."""
+    if since is not None and until is not None and since >= until:
+        raise InvalidChange("since must be before until", "since")
+    return [RequestPublic.model_validate(r.public())
+            for r in st.requests.recent(limit, since, until)]
 
 
 @router.get("/requests/{request_id}", response_model=RequestPublic,
@@ -301,7 +310,7 @@ async def get_timeseries(st: State,
                          ) -> TimeseriesPublic:
     if window_s / step_s > 2000:
         raise InvalidChange("window_s / step_s must be at most 2000 buckets")
-    now = time.time() if end is None else end
+    now = time.time() if end is None else min(end, time.time())  # as ``between`` does
     cols, _ = st.requests.between(window_s, end)
     return TimeseriesPublic.model_validate(
         {"window_s": window_s, "step_s": step_s, "now": now,

@@ -6,31 +6,29 @@ controller's API."""
 
 from __future__ import annotations
 
-import time
-
 import pandas as pd
 import streamlit as st
 
 from dashboard import charts, frames, health, prom, ui
 from dashboard.client import ApiError
 
-window = ui.window_s()
+rng = ui.time_range()
 st.title("Overview")
-st.caption(f"Last {window:g} s · from `/api/v1/stats`, `/api/v1/timeseries`, "
+st.caption(f"{rng.label()} · from `/api/v1/stats`, `/api/v1/timeseries`, "
            f"`/api/v1/requests?limit={ui.RECENT_LIMIT}` and `/api/v1/cluster`")
 
 
 @st.fragment(run_every=ui.run_every())
 def headline() -> None:
     try:
-        s, cl, targets = ui.stats(window), ui.cluster(), ui.targets()
+        s, cl, targets = ui.stats(rng), ui.cluster(), ui.targets()
     except ApiError as exc:
         ui.card_error(exc)
         return
     if targets is not None:
         ui.health_banner(health.evaluate(s, targets, cl))
     ui.prometheus_alerts()
-    ui.kv_integrity_alerts(s, window)
+    ui.kv_integrity_alerts(s, rng.window_s)
     ui.quarantine_alerts(cl, " See Pools.")
     share = s.transfer_share
     ui.transfer_alert(share)
@@ -105,13 +103,13 @@ def find_request() -> None:
 def recent() -> None:
     st.subheader("Recent requests")
     try:
-        df = frames.requests_frame(ui.recent_requests())
+        df = frames.requests_frame(ui.recent_requests(rng=rng))
     except ApiError as exc:
         ui.card_error(exc)
         return
-    df = df[df["started_at"] >= time.time() - window]  # the window's, like every card
+    df = df[df["started_at"] >= rng.start()]  # the window's, like every card
     if df.empty:
-        st.info(f"No requests in the last {window:g} s.")
+        st.info(f"No requests in the range ({rng.label()}).")
         return
     st.altair_chart(charts.ttft_recent(frames.parts_long(df)), width="stretch")
     suspect = int(df["suspect"].sum())
@@ -130,20 +128,20 @@ TTFT_QUERIES = ("part_mean", "part_p99", *(f"ttft_{p}" for p in frames.PERCENTIL
 @st.fragment(run_every=ui.run_every())
 def over_time() -> None:
     st.subheader("TTFT over time")
-    res = ui.prom_results(TTFT_QUERIES, window)
+    res = ui.prom_results(TTFT_QUERIES, rng)
     if res is not None:
         prom_over_time(res)
         return
     try:
-        ts = frames.timeseries_frame(ui.timeseries(window))
+        ts = frames.timeseries_frame(ui.timeseries(rng))
     except ApiError as exc:
         ui.card_error(exc)
         return
     marks = change_marks()
     left, right = st.columns(2)
-    left.caption(f"Mean of each part per {ui.step_for(window):g} s bucket; green: changes "
+    left.caption(f"Mean of each part per {ui.step_for(rng.window_s):g} s bucket; green: changes "
                  "to the cluster")
-    start, end = time.time() - window, time.time()
+    start, end = rng.start(), rng.stop()
     left.altair_chart(charts.span(charts.annotate(
         charts.ttft_parts_over_time(frames.ts_parts_long(ts)), marks), start, end),
         width="stretch")
@@ -167,7 +165,7 @@ def change_marks() -> pd.DataFrame:
         events = ui.events(CHANGE_EVENTS, None)
     except ApiError:
         events = []
-    return frames.change_marks(events, time.time() - window)
+    return frames.change_marks(events, rng.start(), rng.stop())
 
 
 def target_lines() -> dict[str, float] | None:
@@ -190,16 +188,16 @@ def prom_over_time(res: dict[str, prom.Result]) -> None:
     marks = change_marks()
     left, right = st.columns(2)
     left.caption(ui.prom_caption("Mean of each part (`pdctl_ttft_component_seconds`); "
-                                 "green: changes to the cluster", window))
+                                 "green: changes to the cluster", rng))
     left.altair_chart(charts.annotate(charts.ttft_parts_over_time(
         prom.parts_frame(res["part_mean"])), marks), width="stretch")
     right.caption(ui.prom_caption("TTFT percentiles (`pdctl_ttft_seconds`); dashed: the "
-                                  "targets", window))
+                                  "targets", rng))
     pct = prom.percentiles_frame(res)
     right.altair_chart(charts.ttft_percentiles(pct, on_scale(
         target_lines(), float(pct["ms"].max()) if not pct.empty else 0.0)), width="stretch")
     st.caption(ui.prom_caption("p99 of each TTFT part (`histogram_quantile`, bucket "
-                               "resolution)", window))
+                               "resolution)", rng))
     st.altair_chart(charts.part_lines(prom.parts_frame(res["part_p99"]), "p99 (ms)"),
                     width="stretch")
 
@@ -211,7 +209,7 @@ BEFORE_AFTER_S = 120.0  # each side of the last change
 def last_change() -> None:
     """The newest change to the cluster in the window, and the traffic either side of it."""
     try:
-        marks = frames.change_marks(ui.events(CHANGE_EVENTS, None), time.time() - window)
+        marks = frames.change_marks(ui.events(CHANGE_EVENTS, None), rng.start(), rng.stop())
     except ApiError as exc:
         ui.card_error(exc)
         return
@@ -220,7 +218,7 @@ def last_change() -> None:
     last = marks.iloc[-1]
     at = last["time"].timestamp()
     st.subheader("Last change: before and after")
-    after_s = min(BEFORE_AFTER_S, time.time() - at)
+    after_s = min(BEFORE_AFTER_S, rng.stop() - at)
     st.caption(f"{last['label']} at {ui.clock(at)}; requests started within "
                f"{BEFORE_AFTER_S:g} s before it and the {after_s:.0f} s since (at most "
                f"{BEFORE_AFTER_S:g}); rates over the time each side covers")
@@ -241,19 +239,19 @@ def last_change() -> None:
 @st.fragment(run_every=ui.run_every())
 def traffic() -> None:
     st.subheader("Traffic")
-    res = ui.prom_results(("request_rate",), window)
+    res = ui.prom_results(("request_rate",), rng)
     try:
         rate = (prom.rate_frame(res["request_rate"]) if res is not None
-                else frames.ts_rate_long(frames.timeseries_frame(ui.timeseries(window))))
-        s = ui.stats(window)
+                else frames.ts_rate_long(frames.timeseries_frame(ui.timeseries(rng))))
+        s = ui.stats(rng)
     except ApiError as exc:
         ui.card_error(exc)
         return
     left, right = st.columns([2, 1])
-    left.caption(ui.prom_caption("Requests per second by path (`pdctl_requests_total`)", window)
+    left.caption(ui.prom_caption("Requests per second by path (`pdctl_requests_total`)", rng)
                  if res is not None else "Requests per second by path")
     left.altair_chart(charts.span(charts.annotate(charts.request_rate(rate), change_marks()),
-                                  time.time() - window, time.time()), width="stretch")
+                                  rng.start(), rng.stop()), width="stretch")
     right.caption("Disaggregated vs colocated in the window")
     right.altair_chart(charts.path_share(frames.path_share(s)), width="stretch")
 

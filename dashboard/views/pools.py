@@ -159,14 +159,14 @@ def load_over_time() -> None:
     """Only with Prometheus: the engines' own load series, summed per role."""
     if ui.prom() is None:
         return
-    window = ui.window_s()
+    rng = ui.time_range()
     st.subheader("Engine load over time")
-    res = ui.prom_results(LOAD_QUERIES, window)
+    res = ui.prom_results(LOAD_QUERIES, rng)
     if res is None:
         return
     st.caption(ui.prom_caption("`vllm:num_requests_running`, `vllm:num_requests_waiting` "
                                "(sum per role), `vllm:kv_cache_usage_perc` (mean per role)",
-                               window))
+                               rng))
     load = prom.load_frame(res)
     for col, metric in zip(st.columns(3), prom.LOAD_METRICS.values(), strict=True):
         col.altair_chart(charts.load_lines(load, metric), width="stretch")

@@ -6,7 +6,6 @@ from the controller's API."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import streamlit as st
@@ -17,9 +16,9 @@ from dashboard.client import ApiError
 from pdctl_api.schema import ClusterPublic
 
 SCATTER_LIMIT = 500
-window = ui.window_s()
+rng = ui.time_range()
 st.title("Transfer")
-st.caption(f"Last {window:g} s · KV cache moved from prefill to decode instances "
+st.caption(f"{rng.label()} · KV cache moved from prefill to decode instances "
            "(disaggregated requests only)")
 
 
@@ -32,7 +31,7 @@ def link_of(cluster: ClusterPublic) -> tuple[str, float | None]:
 @st.fragment(run_every=ui.run_every())
 def headline() -> None:
     try:
-        s, cl = ui.stats(window), ui.cluster()
+        s, cl = ui.stats(rng), ui.cluster()
     except ApiError as exc:
         ui.card_error(exc)
         return
@@ -53,7 +52,7 @@ def headline() -> None:
     cols[4].metric("Of the ceiling", f"{use:.0%}",
                    help="achieved bandwidth includes the link's per-transfer latency, so "
                         "small transfers stay well below the ceiling")
-    ui.kv_integrity_alerts(s, window)
+    ui.kv_integrity_alerts(s, rng.window_s)
     ui.transfer_alert(s.transfer_share)
 
 
@@ -67,10 +66,10 @@ TRANSFER_QUERIES = ("kv_bytes_rate", "nixl_gbps", "accounted_gbps")
 
 @st.fragment(run_every=ui.run_every())
 def over_time() -> None:
-    res = ui.prom_results(TRANSFER_QUERIES, window)
+    res = ui.prom_results(TRANSFER_QUERIES, rng)
     try:
         cl = ui.cluster()
-        ts = None if res is not None else frames.timeseries_frame(ui.timeseries(window))
+        ts = None if res is not None else frames.timeseries_frame(ui.timeseries(rng))
     except ApiError as exc:
         ui.card_error(exc)
         return
@@ -85,7 +84,7 @@ def over_time() -> None:
     elif ts is not None:
         ts = ts.assign(kv_gb_per_s=ts["kv_gb_per_s"] * scale,
                        transfer_gbps=ts["transfer_gbps"] * scale)
-        start, end = time.time() - window, time.time()
+        start, end = rng.start(), rng.stop()
         left.altair_chart(charts.span(charts.kv_throughput(ts), start, end), width="stretch")
         right.altair_chart(charts.span(charts.achieved_bandwidth(ts, ceiling or 0.0, link),
                                        start, end), width="stretch")
@@ -93,14 +92,14 @@ def over_time() -> None:
 
 def prom_over_time(left: Any, right: Any, res: dict[str, prom.Result], link: str,
                    ceiling: float, scale: float) -> None:
-    step = ui.prom_window(window).step_s
-    left.caption(ui.prom_caption("`pdctl_kv_transfer_bytes_total`", window))
+    step = ui.prom_window(rng).step_s
+    left.caption(ui.prom_caption("`pdctl_kv_transfer_bytes_total`", rng))
     kv = prom.kv_frame(res["kv_bytes_rate"], step)
     left.altair_chart(charts.kv_throughput(kv.assign(kv_gb_per_s=kv["kv_gb_per_s"] * scale)),
                       width="stretch")
     right.caption(ui.prom_caption("`vllm:nixl_bytes_transferred` / "
                                   "`vllm:nixl_xfer_time_seconds` on the engines; the "
-                                  "controller's KV bytes / accounted transfer time", window))
+                                  "controller's KV bytes / accounted transfer time", rng))
     bw = prom.bandwidth_frame(res["nixl_gbps"], res["accounted_gbps"])
     bw = bw.assign(gbps=bw["gbps"] * scale)
     right.altair_chart(charts.bandwidth_by_source(bw, ceiling, link), width="stretch")
@@ -130,8 +129,8 @@ def by_path() -> None:
     """Each path on its own: a mean over both would count colocated requests' zero transfer."""
     st.subheader("By path")
     try:
-        s, cl = ui.stats(window), ui.cluster()
-        ts = ui.timeseries(window)
+        s, cl = ui.stats(rng), ui.cluster()
+        ts = ui.timeseries(rng)
     except ApiError as exc:
         ui.card_error(exc)
         return
@@ -158,13 +157,13 @@ def by_path() -> None:
     if xfer.empty:
         left.info("No disaggregated requests in the window.")
     else:
-        left.altair_chart(charts.span(charts.transfer_percentiles(xfer), time.time() - window,
-                                      time.time()), width="stretch")
+        left.altair_chart(charts.span(charts.transfer_percentiles(xfer), rng.start(),
+                                      rng.stop()), width="stretch")
     scale = cl.time_scale
     modelled = "; bandwidth in modelled time" if scale != 1 else ""
     right.markdown(f"**Per prefill → decode pair** (last {SCATTER_LIMIT} requests{modelled})")
     try:
-        pairs = frames.pair_table(frames.requests_frame(ui.recent_requests(SCATTER_LIMIT)),
+        pairs = frames.pair_table(frames.requests_frame(ui.recent_requests(SCATTER_LIMIT, rng)),
                                   scale)
     except ApiError as exc:
         ui.card_error(exc)
@@ -180,7 +179,7 @@ def by_path() -> None:
 def per_request() -> None:
     st.subheader("KV bytes per request vs prompt length")
     try:
-        df, cl = frames.requests_frame(ui.recent_requests(SCATTER_LIMIT)), ui.cluster()
+        df, cl = frames.requests_frame(ui.recent_requests(SCATTER_LIMIT, rng)), ui.cluster()
     except ApiError as exc:
         ui.card_error(exc)
         return
@@ -217,7 +216,7 @@ LEASE_COLUMNS = {
 def leases() -> None:
     st.subheader("KV leases per prefill instance")
     try:
-        s, cl = ui.stats(window), ui.cluster()
+        s, cl = ui.stats(rng), ui.cluster()
     except ApiError as exc:
         ui.card_error(exc)
         return

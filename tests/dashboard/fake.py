@@ -183,12 +183,14 @@ class FakeController:
                 out["kv_integrity"] = self.kv_integrity
             return out
         if key == ("GET", "/timeseries"):
-            now = time.time()
+            now = min(float(q.get("end", time.time())), time.time())
+            recs = [r for r in self.records if now - window <= r.started_at < now]
             return {"window_s": window, "step_s": float(q["step_s"]), "now": now,
-                    "buckets": timeseries(self.window(window), window, float(q["step_s"]),
-                                          now)}
+                    "buckets": timeseries(recs, window, float(q["step_s"]), now)}
         if key == ("GET", "/requests"):
-            out = [r.public() for r in reversed(self.records[-int(q.get("limit", 100)):])]
+            since, until = float(q.get("since", 0.0)), float(q.get("until", float("inf")))
+            chosen = [r for r in self.records if since <= r.started_at < until]
+            out = [r.public() for r in reversed(chosen[-int(q.get("limit", 100)):])]
             if self.legacy:
                 for r in out:
                     del r["kv_handle"], r["suspect"]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Sequence
+from datetime import date, datetime, timedelta
+from datetime import time as dtime
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -14,7 +18,8 @@ from controller.config import TargetsSettings
 from controller.fleet.guard import Quarantine
 from controller.models import Role
 from controller.reconciler import PoolTarget
-from dashboard.config import ConsoleConfig
+from dashboard import ui
+from dashboard.config import RECENT_LIMIT, ConsoleConfig
 from tests.dashboard.fake import (
     URL,
     FakeController,
@@ -161,12 +166,56 @@ def marks(spec: Any) -> list[Any]:
 
 def test_the_time_charts_of_a_page_share_the_window(console: Console,
                                                     fake: FakeController) -> None:
-    import json
-
     at = console(fake)  # the 5-min window; the fake's requests cover its last 30 s
     framed = [c for c in at.get("vega_lite_chart")
               if {"type": "point", "opacity": 0} in marks(json.loads(c.proto.spec))]
     assert len(framed) == 3  # TTFT parts, TTFT percentiles, traffic: one x-axis
+
+
+def test_a_custom_range_shows_that_range_and_no_other(console: Console,
+                                                      fake: FakeController) -> None:
+    then = time.time() - 3600  # 300 requests an hour ago (transfer 50 ms), 100 now (5 ms)
+    fake.records = make_records(300, transfer_ms=50.0, now=then) + make_records(100)
+    at = console(fake)
+    by_label(at.selectbox, "Window").set_value(ui.CUSTOM).run()
+    start = datetime.fromtimestamp(then - 60).replace(second=0, microsecond=0)
+    by_label(at.date_input, "Day").set_value(start.date())
+    by_label(at.time_input, "From").set_value(start.time())
+    by_label(at.time_input, "To").set_value((start + timedelta(minutes=2)).time()).run()
+    no_exceptions(at)
+    assert "a fixed range" in texts(at.caption)
+    rate = by_label(at.metric, "Request rate")
+    assert "300 requests in the window" in rate.proto.help
+    assert "p50 50.0 ms" in texts(at.caption)  # the disaggregated requests' own transfer
+    table = next(d.value for d in at.dataframe if "transfer_ms" in d.value)
+    # recent requests: the range's, not the newest
+    assert len(table) == RECENT_LIMIT and (table["transfer_ms"].isin([0.0, 50.0])).all()
+    framed = [c for c in at.get("vega_lite_chart")
+              if {"type": "point", "opacity": 0} in marks(json.loads(c.proto.spec))]
+    assert framed  # the charts span the range, not the last minutes
+    end = datetime.combine(start.date(), (start + timedelta(minutes=2)).time()).timestamp()
+    for chart in framed:
+        assert chart_edges(chart) == pytest.approx((end - 120, end))
+    by_label(at.selectbox, "Window").set_value("5 min").run()
+    assert "100 requests in the window" in by_label(at.metric, "Request rate").proto.help
+
+
+def chart_edges(chart: Any) -> tuple[float, float]:
+    """The start and end (unix s) of the invisible layer that spans a time chart's axis."""
+    spec = json.loads(chart.proto.spec)
+    edge = next(layer for layer in spec["layer"]
+                if layer.get("mark") == {"type": "point", "opacity": 0})
+    data = next(d.data.data for d in chart.proto.datasets if d.name == edge["data"]["name"])
+    times = pa.ipc.open_stream(data).read_pandas()["time"]
+    return float(times.iloc[0].timestamp()), float(times.iloc[1].timestamp())
+
+
+def test_custom_range_across_midnight_and_its_cap() -> None:
+    day = date(2026, 12, 1)
+    rng = ui.custom_range(day, dtime(23, 50), dtime(0, 10))
+    assert rng.window_s == 1200 and rng.end == datetime(2026, 12, 2, 0, 10).timestamp()
+    assert ui.custom_range(day, dtime(10, 0), dtime(10, 0)).window_s == ui.MAX_RANGE_S
+    assert ui.TimeRange(60.0, time.time() + 600).stop() <= time.time()  # not past now
 
 
 def test_a_request_is_found_by_id(console: Console, fake: FakeController) -> None:

@@ -5,6 +5,7 @@ tokens per second, per path)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from starlette.testclient import TestClient
@@ -102,3 +103,20 @@ def test_stats_of_a_window_in_the_past(app_state: Fixture) -> None:
     assert now["requests"] == 5 and past["requests"] == 1  # only what started before end
     assert tc.get("/api/v1/timeseries?window_s=60&step_s=10&end=1").json()["now"] == 1
     assert tc.get("/api/v1/stats?window_s=60&end=-1").status_code == 422
+
+
+def test_requests_and_timeseries_of_a_range(app_state: Fixture) -> None:
+    """What the console's custom range reads: requests that started in ``[since, until)``,
+    and a timeseries whose end lies ahead lays no bucket after now."""
+    tc, st = app_state
+    starts = sorted(r.started_at for r in st.requests.recent(100))
+    mid = (starts[1] + starts[2]) / 2
+    older = tc.get("/api/v1/requests", params={"until": mid}).json()
+    newer = tc.get("/api/v1/requests", params={"since": mid, "limit": 2}).json()
+    assert sorted(r["started_at"] for r in older) == starts[:2]
+    assert [r["started_at"] for r in newer] == sorted(starts[2:], reverse=True)[:2]
+    bad = tc.get("/api/v1/requests", params={"since": mid, "until": mid})
+    assert bad.status_code == 422 and bad.json()["field"] == "since"
+    ahead = tc.get("/api/v1/timeseries",
+                   params={"window_s": 60, "step_s": 10, "end": starts[-1] + 3600}).json()
+    assert ahead["now"] <= time.time() and ahead["buckets"][-1]["t"] < time.time()
