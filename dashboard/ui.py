@@ -38,6 +38,7 @@ OPERATOR_KEY = "pdctl_operator"
 PROM_KEY = "pdctl_prom"
 CONFIG_KEY = "pdctl_config"
 DOWN_KEY = "pdctl_down"
+TOKEN_KEY = "pdctl_entered_token"  # a token the operator entered in this browser session
 WINDOWS = {"1 min": 60.0, "5 min": 300.0, "15 min": 900.0, "1 h": 3600.0}
 CUSTOM = "Custom range"
 MAX_RANGE_S = 86_400.0  # the API's longest window
@@ -62,13 +63,30 @@ def actor() -> str:
     return f"{ACTOR}/{name}"[:64] if name else ACTOR
 
 
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _with_token(key: str, token: str, _base: ControllerClient) -> ControllerClient:
+    return _base.with_token(token)
+
+
 def client() -> ControllerClient:
+    """The controller's client: with the token the operator entered in this session, if any,
+    else the configured one (``PDCTL_TOKEN``, the token file)."""
     injected = st.session_state.get(CLIENT_KEY)
     if isinstance(injected, ControllerClient):
-        return injected
-    cfg = config()
-    token, _ = cfg.token()
-    return _client_for(cfg.controller_url, token, actor())
+        base = injected
+    else:
+        cfg = config()
+        token, _ = cfg.token()
+        base = _client_for(cfg.controller_url, token, actor())
+    entered = st.session_state.get(TOKEN_KEY)
+    return _with_token(base.cache_key, entered, base) if entered else base
+
+
+def token_source(cfg: ConsoleConfig) -> str:
+    """Where this session's token comes from, in words."""
+    if st.session_state.get(TOKEN_KEY):
+        return "the token entered in this console session"
+    return cfg.token()[1]
 
 
 # ---- cached reads: keyed by the client's cache_key, shared by every card and session -----
@@ -308,22 +326,27 @@ def time_range() -> TimeRange:
     choice = st.session_state.get("pdctl_window", "5 min")
     if choice != CUSTOM:
         return TimeRange(WINDOWS.get(choice, 300.0))
-    now = datetime.now().replace(second=0, microsecond=0)
-    return custom_range(st.session_state.get("pdctl_range_day", now.date()),
-                        st.session_state.get("pdctl_range_from",
-                                             (now - timedelta(minutes=15)).time()),
-                        st.session_state.get("pdctl_range_to", now.time()))
+    begin, stop = _default_range()
+    return custom_range(st.session_state.get("pdctl_range_day", begin.date()),
+                        st.session_state.get("pdctl_range_from", begin.time()),
+                        st.session_state.get("pdctl_range_to", stop.time()))
+
+
+def _default_range() -> tuple[datetime, datetime]:
+    """A custom range first shown: the 15 minutes up to the next whole minute (so that it
+    holds what just happened)."""
+    stop = datetime.now().replace(second=0, microsecond=0) + timedelta(minutes=1)
+    return stop - timedelta(minutes=15), stop
 
 
 def _range_picker() -> None:
-    """Day, from and to of a custom range; first shown as the last 15 minutes."""
-    now = datetime.now().replace(second=0, microsecond=0)
-    defaults = {"pdctl_range_day": now.date(),
-                "pdctl_range_from": (now - timedelta(minutes=15)).time(),
-                "pdctl_range_to": now.time()}
+    """Day, from and to of a custom range."""
+    begin, stop = _default_range()
+    defaults = {"pdctl_range_day": begin.date(), "pdctl_range_from": begin.time(),
+                "pdctl_range_to": stop.time()}
     for key, value in defaults.items():
         st.session_state.setdefault(key, value)
-    st.date_input("Day", key="pdctl_range_day", max_value=now.date() + timedelta(days=1),
+    st.date_input("Day", key="pdctl_range_day", max_value=stop.date(),
                   help="the day the range starts (local time of the console)")
     left, right = st.columns(2)
     left.time_input("From", key="pdctl_range_from", step=60)
@@ -354,6 +377,12 @@ def sidebar() -> None:
                   help=f"refresh the live cards every {cfg.refresh_s:g} s")
         if not may_change():
             st.caption(":material/visibility: viewer token: read only")
+        if st.session_state.get(TOKEN_KEY):
+            st.caption(":material/key: using the token entered in this session")
+            if st.button("Forget the entered token", key="pdctl-forget-token"):
+                del st.session_state[TOKEN_KEY]
+                forget_reads()
+                st.rerun()
         st.text_input("Operator", key=OPERATOR_KEY, max_chars=40, placeholder="your name",
                       help=f"the audit log names your changes `{ACTOR}/<name>` "
                            f"(`{ACTOR}` without a name)")
@@ -369,7 +398,7 @@ def explain(exc: ApiError, cfg: ConsoleConfig | None = None) -> str:
     """An operator-facing explanation of a failed call: what happened and what to do."""
     cfg = cfg or config()
     url = cfg.controller_url
-    _, source = cfg.token()
+    source = token_source(cfg)
     if exc.unreachable and exc.detail == "no API token":
         return (f"No API token: the console reads it from `PDCTL_TOKEN` or `{source}`, and "
                 "found none. Point `--state-dir` / `PDCTL_STATE_DIR` at the controller's "
@@ -381,8 +410,8 @@ def explain(exc: ApiError, cfg: ConsoleConfig | None = None) -> str:
     if exc.unauthorized:
         return (f"The controller at {url} refused the API token (401: {exc.detail}). The "
                 f"token was read from {source}; it must match the controller's "
-                "`STATE_DIR/token`: start the console with the controller's `--state-dir`, "
-                "or set `PDCTL_TOKEN`.")
+                "`STATE_DIR/token` (or `STATE_DIR/viewer-token`): enter one below, or start "
+                "the console with the controller's `--state-dir`, or set `PDCTL_TOKEN`.")
     return f"The controller answered {exc.status}: {exc.detail}"
 
 
@@ -412,13 +441,31 @@ def connection_banner() -> None:
     try:
         client().routing()
     except ApiError as exc:
-        icon = ":material/cloud_off:" if exc.unreachable else ":material/key_off:"
+        no_token = exc.unreachable and exc.detail == "no API token"
+        icon = ":material/cloud_off:" if exc.unreachable and not no_token else \
+            ":material/key_off:"
         st.error(explain(exc), icon=icon)
         st.session_state[DOWN_KEY] = True
+        if exc.unauthorized or no_token:
+            token_form()
         return
     if st.session_state.get(DOWN_KEY):
         st.session_state[DOWN_KEY] = False
         st.rerun()
+
+
+def token_form() -> None:
+    """Recover from a wrong or missing token without restarting the console: a token entered
+    here is kept in this browser session only (server memory), never written anywhere."""
+    with st.form("pdctl-token", border=False):
+        entered = st.text_input("API token for this session", type="password",
+                                key="pdctl-token-input",
+                                help="the controller's `STATE_DIR/token` (admin: reads and "
+                                     "changes) or `STATE_DIR/viewer-token` (reads only)")
+        if st.form_submit_button("Use this token") and entered.strip():
+            st.session_state[TOKEN_KEY] = entered.strip()
+            forget_reads()
+            st.rerun()
 
 
 def scaled_time_banner() -> None:

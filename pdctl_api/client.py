@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -114,6 +114,9 @@ class PdctlClient:
                  timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token
+        self.actor = actor
+        self._timeout_s = timeout_s
+        self._transport = transport
         # Distinguishes clients in shared caches (two tests, two controllers, one URL).
         self.cache_key = f"{self.base_url}#{uuid.uuid4().hex[:8]}"
         headers = {"X-Pdctl-Actor": actor}
@@ -122,6 +125,11 @@ class PdctlClient:
         self._http = httpx.Client(base_url=self.base_url, headers=headers,
                                   timeout=httpx.Timeout(timeout_s, connect=min(2.0, timeout_s)),
                                   transport=transport)
+
+    def with_token(self, token: str) -> Self:
+        """The same controller (and transport) with another token."""
+        return type(self)(base_url=self.base_url, token=token, actor=self.actor,
+                          timeout_s=self._timeout_s, transport=self._transport)
 
     def close(self) -> None:
         self._http.close()

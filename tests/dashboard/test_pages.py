@@ -21,6 +21,7 @@ from controller.reconciler import PoolTarget
 from dashboard import ui
 from dashboard.config import RECENT_LIMIT, ConsoleConfig
 from tests.dashboard.fake import (
+    TOKEN,
     URL,
     FakeController,
     integrity_summary,
@@ -86,6 +87,25 @@ def test_wrong_token_is_explained(console: Console, fake: FakeController) -> Non
     assert "refused the API token (401: missing or invalid bearer token" in message
     assert "token" in message and "state" in message  # names where the token was read
     assert not at.title
+
+
+def test_a_token_entered_in_the_console_replaces_a_wrong_one(console: Console,
+                                                             fake: FakeController) -> None:
+    at = console(fake, token="not-the-token")
+    assert not at.title
+    by_label(at.text_input, "API token for this session").set_value("still-wrong")
+    by_label(at.button, "Use this token").click()
+    at.run()
+    assert "entered in this console session" in texts(at.error) and not at.title
+    by_label(at.text_input, "API token for this session").set_value(TOKEN)
+    by_label(at.button, "Use this token").click()
+    at.run()
+    no_exceptions(at)
+    assert not at.error and at.title[0].value == "Overview"
+    assert "token entered in this session" in texts(at.sidebar.caption)
+    by_label(at.sidebar.button, "Forget the entered token").click()
+    at.run()
+    assert "refused the API token" in texts(at.error) and not at.title
 
 
 def test_missing_token_is_explained(console: Console, fake: FakeController) -> None:

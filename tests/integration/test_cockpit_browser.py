@@ -340,12 +340,21 @@ def test_a_console_with_the_viewer_token_reads_everything_and_changes_nothing(
         controller: ControllerProc, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
-    viewer = {"PDCTL_TOKEN_FILE": str(controller.state_dir / "viewer-token")}
-    with console_at(controller, tmp_path, viewer) as url, browser(tmp_path) as page:
-        open_page(page, url, "overview")
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("not-the-token\n")
+    viewer = (controller.state_dir / "viewer-token").read_text().strip()
+    with console_at(controller, tmp_path, {"PDCTL_TOKEN_FILE": str(wrong)}) as url, \
+            browser(tmp_path) as page:
+        page.goto(url)  # a wrong token: said, and mended in place, not a blank page
+        expect(page.get_by_text("refused the API token")).to_be_visible(timeout=30_000)
+        shoot(page, "overview-wrong-token")
+        page.get_by_label("API token for this session", exact=True).fill(viewer)
+        page.get_by_role("button", name="Use this token").click()
+        expect(page.locator("h1").first).to_have_text("Overview", timeout=20_000)
         expect(page.get_by_text("viewer token: read only")).to_be_visible(timeout=20_000)
         expect(page.locator('[data-testid="stMetric"]').first).to_be_visible()
-        open_page(page, url, "controls")
+        page.get_by_role("link", name="Controls").click()  # in-app: the session keeps it
+        expect(page.locator("h1").first).to_have_text("Controls", timeout=20_000)
         expect(page.get_by_text("This console holds the viewer token")).to_be_visible(
             timeout=15_000)
         expect(page.get_by_role("button", name="Review decode change")).to_have_count(0)
@@ -377,3 +386,10 @@ def test_a_request_is_found_by_its_id(controller: ControllerProc, console: str,
         expect(page.get_by_text("no request 'not-a-request' among the last")).to_be_visible(
             timeout=15_000)
         shoot(page, "overview-find-request")
+        choose(page, "Window", "Custom range")  # an absolute range: first the last 15 min
+        expect(page.get_by_text(re.compile(
+            r"^\d\d:\d\d:\d\d → \d\d:\d\d:\d\d \(15 min, a fixed range\)"))).to_be_visible(
+            timeout=15_000)
+        expect(page.get_by_label("From", exact=True)).to_be_visible()
+        expect(page.get_by_text("No requests in the range")).to_have_count(0)  # it holds one
+        shoot(page, "overview-custom-range")
