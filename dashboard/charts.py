@@ -205,8 +205,12 @@ def instance_grid(instances: pd.DataFrame, metric: str = "kv_cache_usage") -> al
         title, scale = GRID_METRICS[metric]
         color = alt.Color(f"{metric}:Q", title=title, scale=scale,
                           legend=alt.Legend(orient="bottom"))
-    base = alt.Chart(instances).mark_rect(stroke="white", strokeWidth=1.5).encode(
-        x=alt.X("col:O", axis=None), y=alt.Y("row:O", axis=None), color=color,
+    # Gaps between the cells, not a white stroke: the page's own background shows through,
+    # light or dark theme alike.
+    gap = alt.Scale(paddingInner=0.12)
+    base = alt.Chart(instances).mark_rect().encode(
+        x=alt.X("col:O", axis=None, scale=gap), y=alt.Y("row:O", axis=None, scale=gap),
+        color=color,
         tooltip=["id:N", "role:N", "state:N", "tp:Q", "running:Q", "waiting:Q", "inflight:Q",
                  alt.Tooltip("kv_cache_usage:Q", format=".1%")],
     ).properties(width=alt.Step(26), height=alt.Step(26))

@@ -298,6 +298,12 @@ class TimeRange:
     def start(self) -> float:
         return self.stop() - self.window_s
 
+    def within(self) -> str:
+        """``in the last 300 s`` or ``between 14:00:00 and 14:15:00``."""
+        if self.end is None:
+            return f"in the last {self.window_s:g} s"
+        return f"between {clock(self.end - self.window_s)} and {clock(self.end)}"
+
     def label(self) -> str:
         if self.end is None:
             return f"Last {self.window_s:g} s"

@@ -61,11 +61,11 @@ def headline() -> None:
     tail[4].metric("Error rate", f"{s.error_rate:.1%}" if s.error_rate is not None else "n/a",
                    help="failed and refused (429) requests over all requests in the window")
     st.markdown("**Mean TTFT, part by part** — the means add up to the mean TTFT "
-                f"({ui.fmt_ms(s.ttft_ms.mean)})")
+                f"({'no data' if none else ui.fmt_ms(s.ttft_ms.mean)})")
     parts = st.columns(5)
     for col, part in zip(parts, frames.PARTS, strict=True):
         c = s.components_ms.part(part)
-        col.metric(frames.PART_LABELS[part], ui.fmt_ms(c.mean),
+        col.metric(frames.PART_LABELS[part], "no data" if none else ui.fmt_ms(c.mean),
                    help=f"p50 {c.p50:.2f} · p90 {c.p90:.2f} · p99 {c.p99:.2f} ms")
     d = (s.by_path or {}).get("disaggregated")
     if d is not None and d.requests:
@@ -109,7 +109,7 @@ def recent() -> None:
         return
     df = df[df["started_at"] >= rng.start()]  # the window's, like every card
     if df.empty:
-        st.info(f"No requests in the range ({rng.label()}).")
+        st.info(f"No requests {rng.within()}.")
         return
     st.altair_chart(charts.ttft_recent(frames.parts_long(df)), width="stretch")
     suspect = int(df["suspect"].sum())
@@ -136,6 +136,9 @@ def over_time() -> None:
         ts = frames.timeseries_frame(ui.timeseries(rng))
     except ApiError as exc:
         ui.card_error(exc)
+        return
+    if not (ts["requests"] > 0).any():
+        st.info(f"No requests {rng.within()}: no TTFT to draw.")
         return
     marks = change_marks()
     left, right = st.columns(2)
@@ -253,7 +256,10 @@ def traffic() -> None:
     left.altair_chart(charts.span(charts.annotate(charts.request_rate(rate), change_marks()),
                                   rng.start(), rng.stop()), width="stretch")
     right.caption("Disaggregated vs colocated in the window")
-    right.altair_chart(charts.path_share(frames.path_share(s)), width="stretch")
+    if s.requests:
+        right.altair_chart(charts.path_share(frames.path_share(s)), width="stretch")
+    else:
+        right.info(f"No requests {rng.within()}.")
 
 
 headline()

@@ -130,6 +130,20 @@ def test_overview_shows_ttft_parts(console: Console, fake: FakeController) -> No
     assert len(at.get("vega_lite_chart")) == 5
 
 
+def test_an_empty_window_says_no_data_instead_of_zeros(console: Console,
+                                                      fake: FakeController) -> None:
+    fake.records = []
+    at = console(fake)
+    no_exceptions(at)
+    metrics = {m.label: m.value for m in at.metric}
+    for label in ("TTFT p50", "queue", "prefill", "KV transfer", "decode scheduling",
+                  "overhead", "Inter-token gap p99", "Mean ITL p50"):
+        assert metrics[label] == "no data", label
+    assert "No requests in the last 300 s: no TTFT to draw." in texts(at.info)
+    specs = [c.proto.spec for c in at.get("vega_lite_chart")]
+    assert len(specs) == 1  # the request rate (0 /s is a rate); no empty TTFT axes, no ring
+
+
 def test_overview_alerts_when_transfer_dominates(console: Console,
                                                   fake: FakeController) -> None:
     fake.records = make_records(300, transfer_ms=40.0)

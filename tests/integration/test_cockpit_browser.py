@@ -55,14 +55,16 @@ def controller(tmp_path: Path) -> Iterator[ControllerProc]:
 
 
 @contextlib.contextmanager
-def browser(tmp_path: Path) -> Iterator[Any]:
+def browser(tmp_path: Path, color_scheme: str = "light") -> Iterator[Any]:
+    """Chromium with the operating system's ``color_scheme`` (``light`` or ``dark``)."""
     from playwright.sync_api import sync_playwright
 
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
         ctx = pw.chromium.launch_persistent_context(
             str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1100})
+            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1100},
+            color_scheme=color_scheme)
         try:
             yield ctx.new_page()
         finally:
@@ -393,3 +395,28 @@ def test_a_request_is_found_by_its_id(controller: ControllerProc, console: str,
         expect(page.get_by_label("From", exact=True)).to_be_visible()
         expect(page.get_by_text("No requests in the range")).to_have_count(0)  # it holds one
         shoot(page, "overview-custom-range")
+
+
+def luminance(css_rgb: str) -> float:
+    """Relative brightness 0..1 of a CSS ``rgb(r, g, b)``."""
+    r, g, b = (float(v) for v in re.findall(r"[\d.]+", css_rgb)[:3])
+    return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255
+
+
+def test_the_console_follows_a_dark_system_theme(controller: ControllerProc, console: str,
+                                                 tmp_path: Path) -> None:
+    """Dark mode is Streamlit's (the system's setting, or the menu's Light/Dark/System): the
+    pages, their charts and the instance grid must stay readable in it."""
+    from playwright.sync_api import expect
+
+    with Load(controller.url, workers=3) as load, browser(tmp_path, "dark") as page:
+        page.wait_for_timeout(4_000)
+        for name, charts in (("overview", 5), ("transfer", 4), ("pools", 1)):
+            open_page(page, console, name)
+            expect(page.locator(DRAWN)).to_have_count(charts, timeout=30_000)
+            app = page.locator('[data-testid="stApp"]')
+            assert luminance(app.evaluate("e => getComputedStyle(e).backgroundColor")) < 0.2
+            title = page.locator("h1").first
+            assert luminance(title.evaluate("e => getComputedStyle(e).color")) > 0.8
+            shoot(page, f"{name}-dark")
+    assert load.result.ok > 0 and not load.result.failures, load.result.failures[:3]
