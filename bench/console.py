@@ -13,10 +13,11 @@ uvicorn in a thread. Then:
    DataFrames and chart specs; the browser's drawing is not included), caches cleared first;
 3. when Chromium is installed (``/usr/bin/chromium``; ``--no-browser`` skips it): the console
    is started with ``streamlit_argv`` (a ``bench.fleet`` process) and each page is loaded in
-   Chromium until its charts are drawn, and the Pools page with 120 instances is saved to
-   ``artifacts/screenshots/pools-120.png``.
+   Chromium until its charts are drawn, ``--rounds`` times in turn (median and max), and the
+   Pools page with 120 instances is saved to ``artifacts/screenshots/pools-120.png``.
 
     .venv/bin/python -m bench.console [--quick] [--no-browser] [--records N] [--tries N]
+        [--rounds N]
 """
 
 from __future__ import annotations
@@ -66,10 +67,11 @@ class Options:
     records: int = 100_000
     tries: int = 7
     browser: bool = True  # when Chromium is installed
+    rounds: int = 5  # visits of each page in Chromium
 
     @staticmethod
     def defaults(quick: bool) -> Options:
-        return Options(records=20_000, tries=3) if quick else Options()
+        return Options(records=20_000, tries=3, rounds=2) if quick else Options()
 
 
 @dataclass
@@ -99,7 +101,7 @@ class ConsoleResult:
     build_s: float
     api: list[ApiTiming] = field(default_factory=list)
     pages: list[PageTiming] = field(default_factory=list)
-    browser_ms: dict[str, float] = field(default_factory=dict)  # page -> load until drawn
+    browser_ms: dict[str, list[float]] = field(default_factory=dict)  # page -> each visit
     browser_skipped: str | None = None
     screenshot: str | None = None
 
@@ -265,8 +267,10 @@ def bench_pages(url: str, state_dir: Path, tries: int) -> list[PageTiming]:
     return out
 
 
-def bench_browser(url: str, state_dir: Path, work: Path) -> tuple[dict[str, float], str]:
-    """Load every page in Chromium; milliseconds per page, and the screenshot's path."""
+def bench_browser(url: str, state_dir: Path, work: Path, rounds: int
+                  ) -> tuple[dict[str, list[float]], str]:
+    """Load every page in Chromium, ``rounds`` times in turn; milliseconds per page (each
+    round's), and the screenshot's path."""
     from playwright.sync_api import sync_playwright
 
     from dashboard.launch import console_env, streamlit_argv
@@ -275,7 +279,7 @@ def bench_browser(url: str, state_dir: Path, work: Path) -> tuple[dict[str, floa
     base = f"http://127.0.0.1:{port}"
     shots = ROOT / "artifacts" / "screenshots"
     shots.mkdir(parents=True, exist_ok=True)
-    out: dict[str, float] = {}
+    out: dict[str, list[float]] = {}
     with Fleet(work) as fleet:
         fleet.start("console", streamlit_argv(url, state_dir, port),
                     console_env(url, state_dir))
@@ -293,20 +297,21 @@ def bench_browser(url: str, state_dir: Path, work: Path) -> tuple[dict[str, floa
             t = time.perf_counter()
             page.goto(base)
             page.locator(drawn).nth(CHARTS["overview"] - 1).wait_for(timeout=60_000)
-            out["first load (overview)"] = (time.perf_counter() - t) * 1e3
-            for name in [*PAGES[1:], PAGES[0]]:
-                t = time.perf_counter()
-                page.get_by_role("link", name=name.capitalize()).click()
-                page.locator("h1", has_text=name.capitalize()).wait_for(timeout=60_000)
-                if CHARTS[name]:
-                    page.locator(drawn).nth(CHARTS[name] - 1).wait_for(timeout=60_000)
-                else:
-                    page.locator('[data-testid="stDataFrame"], [data-testid="stForm"]'
-                                 ).first.wait_for(timeout=60_000)
-                out[name] = (time.perf_counter() - t) * 1e3
-                if name == "pools":
-                    page.wait_for_timeout(1000)
-                    page.screenshot(path=shots / "pools-120.png", full_page=True)
+            out["first load (overview)"] = [(time.perf_counter() - t) * 1e3]
+            for round_ in range(rounds):
+                for name in [*PAGES[1:], PAGES[0]]:
+                    t = time.perf_counter()
+                    page.get_by_role("link", name=name.capitalize()).click()
+                    page.locator("h1", has_text=name.capitalize()).wait_for(timeout=60_000)
+                    if CHARTS[name]:
+                        page.locator(drawn).nth(CHARTS[name] - 1).wait_for(timeout=60_000)
+                    else:
+                        page.locator('[data-testid="stDataFrame"], [data-testid="stForm"]'
+                                     ).first.wait_for(timeout=60_000)
+                    out.setdefault(name, []).append((time.perf_counter() - t) * 1e3)
+                    if name == "pools" and round_ == 0:
+                        page.wait_for_timeout(1000)
+                        page.screenshot(path=shots / "pools-120.png", full_page=True)
             ctx.close()
     return out, str(shots / "pools-120.png")
 
@@ -328,8 +333,8 @@ def run_console(o: Options) -> ConsoleResult:
             elif not CHROMIUM.exists():
                 res.browser_skipped = f"no {CHROMIUM}"
             else:
-                res.browser_ms, res.screenshot = bench_browser(url, state_dir,
-                                                               Path(tmp) / "logs")
+                res.browser_ms, res.screenshot = bench_browser(
+                    url, state_dir, Path(tmp) / "logs", o.rounds)
     return res
 
 
@@ -351,9 +356,10 @@ def report(res: ConsoleResult) -> str:
     if res.browser_skipped:
         lines += ["", f"Chromium: skipped ({res.browser_skipped})"]
     else:
-        lines += ["", "Chromium (ms): open the console, then go to each page from the sidebar "
-                  "until its charts are drawn"]
-        lines += [f"  {k:22s} {fmt(v, '8.0f')}" for k, v in res.browser_ms.items()]
+        lines += ["", "Chromium (ms, median / max of the visits): open the console, then go "
+                  "to each page from the sidebar until its charts are drawn, round after round"]
+        lines += [f"  {k:22s} {fmt(stats.median(v), '8.0f')} / {fmt(max(v), '8.0f')}"
+                  for k, v in res.browser_ms.items()]
         lines.append(f"  screenshot of Pools: {res.screenshot}")
     return "\n".join(lines)
 
@@ -362,6 +368,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--records", type=int, help="request records (default 100000; quick 20000)")
     ap.add_argument("--tries", type=int, help="tries per API call (default 7; quick 3)")
     ap.add_argument("--no-browser", action="store_true", help="skip the Chromium part")
+    ap.add_argument("--rounds", type=int, help="visits of each page in Chromium (default 5)")
     ap.add_argument("--quick", action="store_true", help="fewer records and tries")
 
 
@@ -370,6 +377,7 @@ def options_from(args: argparse.Namespace) -> Options:
     o.records = args.records or o.records
     o.tries = args.tries or o.tries
     o.browser = not args.no_browser
+    o.rounds = args.rounds or o.rounds
     return o
 
 

@@ -51,6 +51,7 @@ def streamlit_argv(controller_url: str, state_dir: Path, port: int, host: str = 
         "--server.runOnSave", "false",
         "--browser.gatherUsageStats", "false",
         "--client.toolbarMode", "viewer",
+        "--runner.magicEnabled", "false",  # the pages use no magic; it costs a parse per run
         "--",
         "--controller", controller_url,
         "--state-dir", str(state_dir),

@@ -6,8 +6,11 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
+from dashboard import altair_speed
 from dashboard.frames import PART_LABELS, PATHS
 from pdctl_api.schema import Role
+
+altair_speed.install()
 
 PART_ORDER = list(PART_LABELS.values())
 ROLES = [r.value for r in Role]

@@ -4,6 +4,7 @@ frames/charts/changes/whatif/prom."""
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -568,6 +569,16 @@ def requests_table(requests: pd.DataFrame) -> None:
     table = frames.recent_table(requests)
     st.dataframe(table, column_config=REQUEST_COLUMNS, hide_index=True, width="stretch",
                  height=min(420, 38 + 35 * max(1, len(table))))
+
+
+def chart(where: Any, spec: Any, **kwargs: Any) -> None:
+    """``where.altair_chart(spec)``, skipping Altair's JSON-schema validation of the whole
+    spec, which Streamlit asks for (``to_dict()``) at every refresh: about 60 ms a chart, the
+    larger part of a page's render at 100k records (``python -m bench.console``). The chart
+    builders' specs are validated by their unit tests (``tests/dashboard``)."""
+    object.__setattr__(spec, "to_dict", functools.partial(type(spec).to_dict, spec,
+                                                          validate=False))
+    where.altair_chart(spec, **kwargs)
 
 
 def clock(ts: float) -> str:

@@ -97,7 +97,7 @@ def what_if(cluster: ClusterPublic) -> None:
                    help=None if est.prefill_ms is None else
                    f"prefill {est.prefill_ms:.1f} ms at TP{tp}: transfer / (prefill + "
                    "transfer), the lowest share of TTFT the transfer can take")
-    st.altair_chart(charts.transfer_by_link(whatif.sweep(model, links), chosen, int(tokens)),
+    ui.chart(st, charts.transfer_by_link(whatif.sweep(model, links), chosen, int(tokens)),
                     width="stretch")
 
 

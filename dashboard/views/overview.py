@@ -111,7 +111,7 @@ def recent() -> None:
     if df.empty:
         st.info(f"No requests {rng.within()}.")
         return
-    st.altair_chart(charts.ttft_recent(frames.parts_long(df)), width="stretch")
+    ui.chart(st, charts.ttft_recent(frames.parts_long(df)), width="stretch")
     suspect = int(df["suspect"].sum())
     if suspect:
         st.caption("Outlined in red: suspect requests, whose decode hop read KV blocks the "
@@ -145,7 +145,7 @@ def over_time() -> None:
     left.caption(f"Mean of each part per {ui.step_for(rng.window_s):g} s bucket; green: changes "
                  "to the cluster")
     start, end = rng.start(), rng.stop()
-    left.altair_chart(charts.span(charts.annotate(
+    ui.chart(left, charts.span(charts.annotate(
         charts.ttft_parts_over_time(frames.ts_parts_long(ts)), marks), start, end),
         width="stretch")
     pct = frames.ts_percentiles_long(ts)
@@ -155,7 +155,7 @@ def over_time() -> None:
     right.caption("TTFT percentiles per bucket; dashed: the targets" + (
         "; " + ", ".join(f"{k} {v:,.0f} ms" for k, v in above.items()) + " far above"
         if above else ""))
-    right.altair_chart(charts.span(charts.annotate(charts.ttft_percentiles(pct, shown), marks),
+    ui.chart(right, charts.span(charts.annotate(charts.ttft_percentiles(pct, shown), marks),
                                    start, end), width="stretch")
 
 
@@ -192,16 +192,16 @@ def prom_over_time(res: dict[str, prom.Result]) -> None:
     left, right = st.columns(2)
     left.caption(ui.prom_caption("Mean of each part (`pdctl_ttft_component_seconds`); "
                                  "green: changes to the cluster", rng))
-    left.altair_chart(charts.annotate(charts.ttft_parts_over_time(
+    ui.chart(left, charts.annotate(charts.ttft_parts_over_time(
         prom.parts_frame(res["part_mean"])), marks), width="stretch")
     right.caption(ui.prom_caption("TTFT percentiles (`pdctl_ttft_seconds`); dashed: the "
                                   "targets", rng))
     pct = prom.percentiles_frame(res)
-    right.altair_chart(charts.ttft_percentiles(pct, on_scale(
+    ui.chart(right, charts.ttft_percentiles(pct, on_scale(
         target_lines(), float(pct["ms"].max()) if not pct.empty else 0.0)), width="stretch")
     st.caption(ui.prom_caption("p99 of each TTFT part (`histogram_quantile`, bucket "
                                "resolution)", rng))
-    st.altair_chart(charts.part_lines(prom.parts_frame(res["part_p99"]), "p99 (ms)"),
+    ui.chart(st, charts.part_lines(prom.parts_frame(res["part_p99"]), "p99 (ms)"),
                     width="stretch")
 
 
@@ -253,11 +253,11 @@ def traffic() -> None:
     left, right = st.columns([2, 1])
     left.caption(ui.prom_caption("Requests per second by path (`pdctl_requests_total`)", rng)
                  if res is not None else "Requests per second by path")
-    left.altair_chart(charts.span(charts.annotate(charts.request_rate(rate), change_marks()),
+    ui.chart(left, charts.span(charts.annotate(charts.request_rate(rate), change_marks()),
                                   rng.start(), rng.stop()), width="stretch")
     right.caption("Disaggregated vs colocated in the window")
     if s.requests:
-        right.altair_chart(charts.path_share(frames.path_share(s)), width="stretch")
+        ui.chart(right, charts.path_share(frames.path_share(s)), width="stretch")
     else:
         right.info(f"No requests {rng.within()}.")
 

@@ -164,7 +164,7 @@ def live() -> None:
     left, right = st.columns(2)
     sizes = planner_view.sizes(hist)
     left.markdown("**Pool sizes: recommended vs current**")
-    left.altair_chart(alt.Chart(sizes).mark_line(point=True, interpolate="step-after").encode(
+    ui.chart(left, alt.Chart(sizes).mark_line(point=True, interpolate="step-after").encode(
         x=charts.TIME, y=alt.Y("instances:Q", title="instances"),
         color="pool:N", strokeDash="series:N", tooltip=["time:T", "pool", "series",
                                                         "instances"]),
@@ -174,14 +174,14 @@ def live() -> None:
     if ld.empty:
         right.caption("no data yet")
     else:
-        right.altair_chart(alt.Chart(ld).mark_line(point=True).encode(
+        ui.chart(right, alt.Chart(ld).mark_line(point=True).encode(
             x=charts.TIME, y="requests/s:Q", color="series:N",
             tooltip=["time:T", "series", "requests/s"]), width="stretch")
     lat = planner_view.latency(hist, pl)
     if not lat.empty:
         st.markdown("**Observed p95 against the targets (ms)**")
         base = alt.Chart(lat)
-        st.altair_chart(
+        ui.chart(st,
             (base.mark_line(point=True).encode(x=charts.TIME, y="ms:Q", color="metric:N")
              + base.mark_rule(strokeDash=[4, 4]).encode(y="target:Q", color="metric:N")),
             width="stretch")

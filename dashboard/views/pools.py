@@ -66,7 +66,7 @@ def overview() -> None:
         st.info("No live instances.")
     else:
         metric = GRID_CHOICES.get(choice or "KV cache usage", "kv_cache_usage")
-        st.altair_chart(charts.instance_grid(live, metric))
+        ui.chart(st, charts.instance_grid(live, metric))
     ended = len(inst) - len(live)
     if ended:
         st.caption(f"Live instances only: {ended} stopped or failed "
@@ -169,7 +169,7 @@ def load_over_time() -> None:
                                rng))
     load = prom.load_frame(res)
     for col, metric in zip(st.columns(3), prom.LOAD_METRICS.values(), strict=True):
-        col.altair_chart(charts.load_lines(load, metric), width="stretch")
+        ui.chart(col, charts.load_lines(load, metric), width="stretch")
 
 
 overview()

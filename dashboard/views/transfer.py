@@ -85,8 +85,8 @@ def over_time() -> None:
         ts = ts.assign(kv_gb_per_s=ts["kv_gb_per_s"] * scale,
                        transfer_gbps=ts["transfer_gbps"] * scale)
         start, end = rng.start(), rng.stop()
-        left.altair_chart(charts.span(charts.kv_throughput(ts), start, end), width="stretch")
-        right.altair_chart(charts.span(charts.achieved_bandwidth(ts, ceiling or 0.0, link),
+        ui.chart(left, charts.span(charts.kv_throughput(ts), start, end), width="stretch")
+        ui.chart(right, charts.span(charts.achieved_bandwidth(ts, ceiling or 0.0, link),
                                        start, end), width="stretch")
 
 
@@ -95,14 +95,14 @@ def prom_over_time(left: Any, right: Any, res: dict[str, prom.Result], link: str
     step = ui.prom_window(rng).step_s
     left.caption(ui.prom_caption("`pdctl_kv_transfer_bytes_total`", rng))
     kv = prom.kv_frame(res["kv_bytes_rate"], step)
-    left.altair_chart(charts.kv_throughput(kv.assign(kv_gb_per_s=kv["kv_gb_per_s"] * scale)),
+    ui.chart(left, charts.kv_throughput(kv.assign(kv_gb_per_s=kv["kv_gb_per_s"] * scale)),
                       width="stretch")
     right.caption(ui.prom_caption("`vllm:nixl_bytes_transferred` / "
                                   "`vllm:nixl_xfer_time_seconds` on the engines; the "
                                   "controller's KV bytes / accounted transfer time", rng))
     bw = prom.bandwidth_frame(res["nixl_gbps"], res["accounted_gbps"])
     bw = bw.assign(gbps=bw["gbps"] * scale)
-    right.altair_chart(charts.bandwidth_by_source(bw, ceiling, link), width="stretch")
+    ui.chart(right, charts.bandwidth_by_source(bw, ceiling, link), width="stretch")
 
 
 PATH_COLUMNS = {
@@ -157,7 +157,7 @@ def by_path() -> None:
     if xfer.empty:
         left.info("No disaggregated requests in the window.")
     else:
-        left.altair_chart(charts.span(charts.transfer_percentiles(xfer), rng.start(),
+        ui.chart(left, charts.span(charts.transfer_percentiles(xfer), rng.start(),
                                       rng.stop()), width="stretch")
     scale = cl.time_scale
     modelled = "; bandwidth in modelled time" if scale != 1 else ""
@@ -187,7 +187,7 @@ def per_request() -> None:
     st.caption(f"Last {SCATTER_LIMIT} requests; dashed: {cl.model.name} at "
                f"{per_token / 1e3:.0f} KB per token (the engine rounds up to whole blocks)")
     top = int(df["prompt_tokens"].max()) if not df.empty else 1
-    st.altair_chart(charts.kv_bytes_vs_prompt(df, whatif.kv_line(per_token, top)),
+    ui.chart(st, charts.kv_bytes_vs_prompt(df, whatif.kv_line(per_token, top)),
                     width="stretch")
     suspect = df[df["suspect"]]
     if not suspect.empty:

@@ -311,3 +311,24 @@ def test_span_stretches_a_time_chart_over_the_window() -> None:
     assert frame["mark"] == {"type": "point", "opacity": 0}
     edges = spec["datasets"][frame["data"]["name"]]
     assert [pd.Timestamp(e["time"]).timestamp() for e in edges] == [1000.0, 1300.0]
+
+
+def test_altair_builds_its_class_table_once_and_the_same() -> None:
+    """``altair_speed``: the table ``from_dict`` builds is kept, and equal to Altair's own."""
+    from altair.utils import schemapi
+
+    from dashboard import altair_speed
+
+    assert altair_speed.install() and altair_speed.ORIGINAL is not None
+    classes = tuple(schemapi.SchemaBase._default_wrapper_classes())
+    kept = schemapi._FromDict(classes)
+    fresh = object.__new__(schemapi._FromDict)
+    altair_speed.ORIGINAL(fresh, classes)
+    assert dict(kept.class_dict) == dict(fresh.class_dict)
+    assert schemapi._FromDict(classes).class_dict is kept.class_dict
+    cell = pd.DataFrame({"id": ["a"], "role": ["prefill"], "state": ["ready"], "tp": [1],
+                         "running": [0], "waiting": [0], "inflight": [0],
+                         "kv_cache_usage": [0.5], "col": [0], "row": [0]})
+    spec = charts.instance_grid(cell).to_dict()  # validated; its encodings went through it
+    assert spec["spec"]["mark"] == {"type": "rect"}
+    assert spec["spec"]["encoding"]["x"]["scale"] == {"paddingInner": 0.12}  # no white stroke
