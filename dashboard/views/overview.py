@@ -72,8 +72,10 @@ def headline() -> None:
         st.caption(f"KV transfer of the disaggregated requests alone: p50 "
                    f"{ui.fmt_ms(d.transfer_ms.p50)} · p99 {ui.fmt_ms(d.transfer_ms.p99)} (the "
                    "mean above counts colocated requests, which move no KV, as 0)")
-    with st.expander("Percentiles of TTFT and each part (ms)"):
-        st.dataframe(frames.components_table(s), hide_index=True, width="stretch")
+    with st.expander("Percentiles of TTFT and each part (ms)", key="overview-percentiles",
+                     on_change="rerun") as box:
+        if box.open:  # drawn only while open: a table costs the browser ~60 ms a refresh
+            st.dataframe(frames.components_table(s), hide_index=True, width="stretch")
 
 
 @st.fragment
@@ -118,8 +120,10 @@ def recent() -> None:
                    "prefill engine had already freed")
     label = (f"Recent requests as a table · {suspect} suspect (read freed KV blocks)"
              if suspect else "Recent requests as a table")
-    with st.expander(label, expanded=bool(suspect)):
-        ui.requests_table(df)
+    with st.expander(label, expanded=bool(suspect), key="overview-recent-table",
+                     on_change="rerun") as box:
+        if box.open or suspect:  # drawn only while open, or when a suspect must be seen
+            ui.requests_table(df)
 
 
 TTFT_QUERIES = ("part_mean", "part_p99", *(f"ttft_{p}" for p in frames.PERCENTILES))

@@ -221,6 +221,9 @@ def test_a_custom_range_shows_that_range_and_no_other(console: Console,
     rate = by_label(at.metric, "Request rate")
     assert "300 requests in the window" in rate.proto.help
     assert "p50 50.0 ms" in texts(at.caption)  # the disaggregated requests' own transfer
+    assert not any("transfer_ms" in d.value for d in at.dataframe)  # drawn once opened
+    at.session_state["overview-recent-table"] = True
+    at.run()
     table = next(d.value for d in at.dataframe if "transfer_ms" in d.value)
     # recent requests: the range's, not the newest
     assert len(table) == RECENT_LIMIT and (table["transfer_ms"].isin([0.0, 50.0])).all()
@@ -582,6 +585,8 @@ def test_older_controller_without_the_new_fields(console: Console, fake: FakeCon
         return
     assert not at.error
     if page == "overview":
+        at.session_state["overview-recent-table"] = True  # the expander opened
+        at.run()
         assert (frame_with(at, "suspect")["suspect"] == "").all()
     if page == "transfer":
         assert frame_with(at, "notifications_after_expiry")["kv_expired_requests"].isna().all()
