@@ -115,9 +115,11 @@ def annotate(chart: alt.Chart | alt.LayerChart, changes: pd.DataFrame
         return chart
     rule = alt.Chart(changes).mark_rule(color="#54a24b", strokeDash=[2, 3]).encode(
         x=TIME, tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"), "label:N"])
-    text = alt.Chart(changes).mark_text(align="left", dx=3, dy=-HEIGHT / 2 + 8, angle=0,
+    # The label at the plot's top edge by value (an offset from the middle, dy, pushed it out
+    # of the plot whenever the chart's height differed, and the plot shrank to make room).
+    text = alt.Chart(changes).mark_text(align="left", baseline="top", dx=3, angle=0,
                                         color="#54a24b", fontSize=10).encode(
-        x=TIME, text="kind:N")
+        x=TIME, y=alt.YValue(2), text="kind:N")
     return alt.LayerChart(layer=[chart, rule, text])
 
 

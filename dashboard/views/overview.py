@@ -240,7 +240,7 @@ def last_change() -> None:
     if table is None:
         st.info("Not enough requests on both sides of the change yet to compare them.")
         return
-    st.dataframe(table, width="stretch")
+    st.dataframe(table, width="stretch", height=38 + 35 * len(table))  # every row, no scroll
 
 
 @st.fragment(run_every=ui.run_every())
