@@ -14,7 +14,10 @@ uvicorn in a thread. Then:
 3. when Chromium is installed (``/usr/bin/chromium``; ``--no-browser`` skips it): the console
    is started with ``streamlit_argv`` (a ``bench.fleet`` process) and each page is loaded in
    Chromium until its charts are drawn, ``--rounds`` times in turn (median and max), and the
-   Pools page with 120 instances is saved to ``artifacts/screenshots/pools-120.png``.
+   Pools page with 120 instances is saved to ``artifacts/screenshots/pools-120.png``; then a
+   refresh in place of the Overview, Transfer and Pools pages (live refresh paused, the
+   window switched between 5 and 15 min: every card refetched and redrawn) until the page
+   stops changing.
 
     .venv/bin/python -m bench.console [--quick] [--no-browser] [--records N] [--tries N]
         [--rounds N]
@@ -58,6 +61,7 @@ ABOUT = ("The controller app in-process with SYNTHETIC state (100,000 request re
 CHROMIUM = Path("/usr/bin/chromium")
 PAGES = ["overview", "transfer", "pools", "controls", "advisor", "events"]
 PREFILL, DECODE = 40, 80
+REFRESHED = ("overview", "transfer", "pools")  # the pages with the most to draw
 CHARTS = {"overview": 5, "transfer": 4, "pools": 1, "controls": 0, "advisor": 1, "events": 0}
 WINDOWS = (60.0, 300.0, 900.0)
 
@@ -312,8 +316,43 @@ def bench_browser(url: str, state_dir: Path, work: Path, rounds: int
                     if name == "pools" and round_ == 0:
                         page.wait_for_timeout(1000)
                         page.screenshot(path=shots / "pools-120.png", full_page=True)
+            refresh_in_place(page, drawn, rounds, out)
             ctx.close()
     return out, str(shots / "pools-120.png")
+
+
+SETTLED_MS = 800  # no change to the page for this long: the refresh is drawn
+
+WATCH = """() => { window.__pdctlLast = 0;
+  new MutationObserver(() => { window.__pdctlLast = performance.now(); }).observe(
+    document.querySelector('[data-testid="stMain"]'),
+    {subtree: true, childList: true, attributes: true, characterData: true}); }"""
+
+
+def refresh_in_place(page: Any, drawn: str, rounds: int, out: dict[str, list[float]]) -> None:
+    """A refresh of the page the operator is on: live refresh paused (no timer reruns), the
+    window switched between 5 and 15 min (every card refetched and redrawn in place, up to
+    all 100k records); timed from the choice to the page's last change (no further change
+    for SETTLED_MS). Results under ``refresh <page>``."""
+    page.get_by_text("Live", exact=True).click()
+    for name in REFRESHED:
+        page.get_by_role("link", name=name.capitalize()).click()
+        page.locator(drawn).nth(CHARTS[name] - 1).wait_for(timeout=60_000)
+        page.wait_for_timeout(2_000)
+        page.evaluate(WATCH)
+        for k in range(2 * rounds):
+            page.get_by_role("combobox", name="Window", exact=True).click()
+            option = page.get_by_role("option", name="15 min" if k % 2 == 0 else "5 min",
+                                      exact=True)
+            option.wait_for()
+            start = page.evaluate("performance.now()")
+            option.click()
+            while True:
+                page.wait_for_timeout(100)
+                now, last = page.evaluate("[performance.now(), window.__pdctlLast]")
+                if last > start and now - last > SETTLED_MS:
+                    break
+            out.setdefault(f"refresh {name}", []).append(last - start)
 
 
 def run_console(o: Options) -> ConsoleResult:
@@ -357,7 +396,9 @@ def report(res: ConsoleResult) -> str:
         lines += ["", f"Chromium: skipped ({res.browser_skipped})"]
     else:
         lines += ["", "Chromium (ms, median / max of the visits): open the console, then go "
-                  "to each page from the sidebar until its charts are drawn, round after round"]
+                  "to each page from the sidebar until its charts are drawn, round after round; "
+                  "then 'refresh': live refresh paused, the window switched 5 <-> 15 min, until "
+                  f"the page stops changing (none for {SETTLED_MS} ms)"]
         lines += [f"  {k:22s} {fmt(stats.median(v), '8.0f')} / {fmt(max(v), '8.0f')}"
                   for k, v in res.browser_ms.items()]
         lines.append(f"  screenshot of Pools: {res.screenshot}")
