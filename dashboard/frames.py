@@ -120,10 +120,13 @@ def transfer_percentiles_long(ts: TimeseriesPublic) -> pd.DataFrame:
 
 def path_table(stats: StatsPublic) -> pd.DataFrame:
     """One row per path: requests, failed, retried hops, TTFT and KV transfer p50/p99."""
-    rows = [(name, p.requests, p.failed, p.retries, p.ttft_ms.p50, p.ttft_ms.p99,
-             p.transfer_ms.p50 if name == "disaggregated" else None,
-             p.transfer_ms.p99 if name == "disaggregated" else None)
-            for name, p in (stats.by_path or {}).items()]
+    rows = []
+    for name, p in (stats.by_path or {}).items():
+        served = p.ttft_ms.max > 0  # percentiles over no request read 0: shown as none
+        moved = served and name == "disaggregated"
+        rows.append((name, p.requests, p.failed, p.retries,
+                     p.ttft_ms.p50 if served else None, p.ttft_ms.p99 if served else None,
+                     p.transfer_ms.p50 if moved else None, p.transfer_ms.p99 if moved else None))
     return pd.DataFrame(rows, columns=["path", "requests", "failed", "retries", "ttft_p50",
                                        "ttft_p99", "transfer_p50", "transfer_p99"])
 

@@ -254,6 +254,11 @@ def test_paths_apart_pairs_and_transfer_percentiles_over_time() -> None:
     assert table.loc["disaggregated", "transfer_p50"] == 5.0
     assert s.components_ms.transfer.mean == pytest.approx(5.0 * 2 / 3)
     assert pd.isna(table.loc["colocated", "transfer_p50"])
+    only = [r for r in records if r.path.value == "disaggregated"]  # no colocated request
+    s1 = StatsPublic.model_validate({**stats(only, 60.0, 0.2), "pools": {},
+                                     "total_requests": len(only)})
+    empty = frames.path_table(s1).set_index("path").loc["colocated"]
+    assert empty["requests"] == 0 and pd.isna(empty["ttft_p50"]) and pd.isna(empty["ttft_p99"])
     reqs = frames.requests_frame([RequestPublic.model_validate(r.public()) for r in records])
     pairs = frames.pair_table(reqs, scale=0.5)
     assert list(pairs["pair"]) == ["prefill-1 → decode-2"]
