@@ -90,6 +90,18 @@ def ttft_percentiles(pct: pd.DataFrame, targets: dict[str, float] | None = None
     return alt.LayerChart(layer=[lines, rule, text], height=HEIGHT)
 
 
+def instance_requests(requests: pd.DataFrame) -> alt.Chart:
+    """Each request through one instance: its TTFT at the time it started, by path."""
+    return alt.Chart(requests, height=HEIGHT - 60).mark_point(filled=True, opacity=0.7).encode(
+        x=alt.X("started:T", title=None, axis=alt.Axis(format="%H:%M:%S")),
+        y=alt.Y("ttft_ms:Q", title="TTFT (ms)"),
+        color=alt.Color("path:N", scale=PATH_SCALE, legend=alt.Legend(orient="bottom")),
+        tooltip=["id:N", "path:N", "status:N", "prompt_tokens:Q",
+                 alt.Tooltip("ttft_ms:Q", format=".1f"),
+                 alt.Tooltip("transfer_ms:Q", format=".1f")],
+    )
+
+
 def request_rate(rate: pd.DataFrame) -> alt.Chart:
     """Requests per second by path, stacked."""
     return alt.Chart(rate, height=HEIGHT).mark_area().encode(

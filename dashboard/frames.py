@@ -66,6 +66,13 @@ def requests_frame(records: list[RequestPublic]) -> pd.DataFrame:
     return df
 
 
+def through(requests: pd.DataFrame, instance_id: str) -> pd.DataFrame:
+    """The requests (a ``requests_frame``) one instance served, as prefill or as decode."""
+    mask = (requests["prefill_instance"] == instance_id) | \
+        (requests["decode_instance"] == instance_id)
+    return requests[mask]
+
+
 def recent_table(requests: pd.DataFrame) -> pd.DataFrame:
     """Recent requests for a table, newest first: ``suspect`` shown as a flag
     (``SUSPECT_FLAG`` or empty), local wall-clock times."""

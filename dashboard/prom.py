@@ -197,6 +197,16 @@ def bandwidth_frame(nixl: Result, accounted: Result) -> pd.DataFrame:
 
 LOAD_METRICS = {"engine_running": "running requests", "engine_waiting": "waiting requests",
                 "engine_kv_usage": "KV cache usage"}
+ENGINE_SERIES = {"engine_running": "vllm:num_requests_running",
+                 "engine_waiting": "vllm:num_requests_waiting",
+                 "engine_kv_usage": "vllm:kv_cache_usage_perc"}
+
+
+def instance_query(name: str, instance_id: str) -> str:
+    """One engine's own series of load metric ``name``: the scrape labels each engine's series
+    with its instance id (``instance``) and role (``controller.prometheus``)."""
+    quoted = instance_id.replace("\\", "\\\\").replace('"', '\\"')
+    return f'{ENGINE_SERIES[name]}{{instance="{quoted}"}}'
 
 
 def load_frame(results: dict[str, Result]) -> pd.DataFrame:

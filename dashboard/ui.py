@@ -20,7 +20,15 @@ from dashboard import frames, integrity
 from dashboard.client import ACTOR, ApiError, ControllerClient
 from dashboard.config import RECENT_LIMIT, ConsoleConfig, current_config, step_for
 from dashboard.health import Health
-from dashboard.prom import PromClient, PromError, Result, Window, fetch
+from dashboard.prom import (
+    LOAD_METRICS,
+    PromClient,
+    PromError,
+    Result,
+    Window,
+    fetch,
+    instance_query,
+)
 from pdctl_api.schema import (
     AccessPublic,
     AdvisorPublic,
@@ -268,6 +276,28 @@ def prom_results(names: Sequence[str], rng: TimeRange) -> dict[str, Result] | No
         return None
 
 
+@st.cache_data(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
+def _prom_instance(key: str, instance_id: str, end: float, window_s: float, step_s: float,
+                   _c: PromClient) -> dict[str, Result]:
+    w = Window(end, window_s, step_s)
+    return {name: _c.range(instance_query(name, instance_id), w.start, w.end, w.step_s)
+            for name in LOAD_METRICS}
+
+
+def prom_instance(instance_id: str, rng: TimeRange) -> dict[str, Result] | None:
+    """One engine's load series over the range, or None without a Prometheus (or when it
+    failed: a caption says so)."""
+    c = prom()
+    if c is None:
+        return None
+    w = prom_window(rng)
+    try:
+        return _prom_instance(c.cache_key, instance_id, w.end, w.window_s, w.step_s, c)
+    except PromError as exc:
+        st.caption(f"Its load over time is unavailable: Prometheus {exc}")
+        return None
+
+
 def prom_caption(what: str, rng: TimeRange) -> str:
     c = prom()
     return (f"{what} · Prometheus `{c.url if c else ''}`, rate window "
@@ -277,7 +307,7 @@ def prom_caption(what: str, rng: TimeRange) -> str:
 def forget_reads() -> None:
     """After a change: the next read must show it."""
     for fn in (_cluster, _stats, _timeseries, _requests, _advisor, _events, _prom_range,
-               _targets):
+               _targets, _prom_instance):
         fn.clear()
 
 

@@ -11,117 +11,32 @@ from typing import Any, get_args
 
 import streamlit as st
 
-from dashboard import changes, integrity, ui
-from dashboard.changes import PendingChange
+from dashboard import changes, integrity, review, ui
 from dashboard.client import ApiError
 from pdctl_api.schema import InstancePublic, PolicyName, PoolPublic, Role, RoutingPublic
 
-PENDING = "pdctl_pending"
-OUTCOME = "pdctl_outcome"  # (section, ok, message) of the last change
 POLICIES: list[str] = list(get_args(PolicyName))
 
 st.title("Controls")
 st.caption("Every change goes through the control API and lands in the audit log (Events)")
 
 
-# ---- sending changes -------------------------------------------------------------------------
-
-def _send(section: str, what: str, call: Any) -> None:
-    try:
-        call()
-    except ApiError as exc:
-        st.session_state[OUTCOME] = (section, False, exc)
-        return
-    ui.forget_reads()
-    st.session_state[OUTCOME] = (section, True, what)
-
-
-def confirm_pending() -> None:
-    """Button callback: send the reviewed change."""
-    held: tuple[str, PendingChange] | None = st.session_state.pop(PENDING, None)
-    if held is None:
-        return
-    p = held[1]
-    c = ui.client()
-    if p.kind == "pool" and p.role is not None:
-        role = p.role
-        _send(role, f"{p.title}: sent, the pool is converging",
-              lambda: c.set_pool(role, size=p.size, tp=p.tp))
-    elif p.kind == "drain" and p.instance_id is not None:
-        iid = p.instance_id
-        _send("drain", f"{iid} is draining", lambda: c.drain(iid))
-    elif p.kind == "targets" and p.patch:
-        change = dict(p.patch)
-        _send("targets", "targets updated: " + ", ".join(
-            f"{k}={val:g}" for k, val in change.items()), lambda: c.set_targets(change))
-    elif p.kind == "routing" and p.patch:
-        patch = dict(p.patch)
-        _send("routing", "routing updated: " + ", ".join(
-            f"{k}={val}" for k, val in patch.items()), lambda: c.set_routing(patch))
-
-
-def cancel_pending() -> None:
-    st.session_state.pop(PENDING, None)
-
-
-def review(section: str, change: PendingChange | None) -> None:
-    st.session_state.pop(OUTCOME, None)
-    if change is None:
-        st.session_state.pop(PENDING, None)
-        st.session_state[OUTCOME] = (section, True, "nothing to change")
-    else:
-        st.session_state[PENDING] = (section, change)
-
+# ---- pool changes: the controller's dry run first -------------------------------------
 
 def review_pool(role: Role, size: int, tp: int, new_size: int, new_tp: int) -> None:
     """Ask the controller's dry run what the change would do: its refusal shows at once,
     its planned actions wait for the operator's confirmation."""
     request = changes.pool_request(size, tp, new_size, new_tp)
     if request is None:
-        review(role, None)
+        review.review(role, None)
         return
-    st.session_state.pop(PENDING, None)
+    st.session_state.pop(review.PENDING, None)
     try:
         plan = ui.client().plan_pool(role, size=request.size, tp=request.tp)
     except ApiError as exc:
-        st.session_state[OUTCOME] = (role, False, exc)
+        st.session_state[review.OUTCOME] = (role, False, exc)
         return
-    review(role, changes.pool_change(role, size, tp, plan))
-
-
-def show_outcome(section: str) -> None:
-    """The result of this section's last change: a toast, or the controller's refusal."""
-    outcome = st.session_state.get(OUTCOME)
-    if not outcome or outcome[0] != section:
-        return
-    _, ok, body = outcome
-    ui.change_outcome(ok, body)
-    if ok:
-        st.session_state.pop(OUTCOME, None)
-
-
-def show_pending(section: str) -> None:
-    """The confirmation step for a reviewed change of this section."""
-    held = st.session_state.get(PENDING)
-    if not held or held[0] != section:
-        return
-    change: PendingChange = held[1]
-    with st.container(border=True):
-        if change.disruptive:
-            st.warning(f"**Confirm a disruptive change — {change.title}**",
-                       icon=":material/warning:")
-        else:
-            st.info(f"**Confirm — {change.title}**", icon=":material/info:")
-        if change.kind == "pool":
-            st.caption("The controller's plan for its next step (dry run); it plans again "
-                       "every step until the pool has converged.")
-        st.markdown("\n".join(f"- {e}" for e in change.effects))
-        left, right = st.columns(2)
-        # The loud button only for a change that drains or stops something.
-        left.button("Confirm change", key=f"confirm-{section}",
-                    type="primary" if change.disruptive else "secondary",
-                    on_click=confirm_pending)
-        right.button("Cancel", key=f"cancel-{section}", on_click=cancel_pending)
+    review.review(role, changes.pool_change(role, size, tp, plan))
 
 
 # ---- convergence (live) ------------------------------------------------------------------------
@@ -170,8 +85,8 @@ def pool_form(role: Role, pool: PoolPublic, max_tp: int) -> None:
                                      help="tensor parallelism: accelerators per instance")
         if st.form_submit_button(f"Review {role} change"):
             review_pool(role, size, tp, int(new_size), int(new_tp))
-    show_pending(role)
-    show_outcome(role)
+    review.show_pending(role)
+    review.show_outcome(role)
 
 
 def drain_form(instances: list[InstancePublic]) -> None:
@@ -187,15 +102,15 @@ def drain_form(instances: list[InstancePublic]) -> None:
                 if iid in candidates else iid))
         if st.form_submit_button("Review drain"):
             if choice in candidates:
-                review("drain", changes.drain_change(candidates[choice]))
+                review.review("drain", changes.drain_change(candidates[choice]))
             elif choice:
-                st.session_state[OUTCOME] = ("drain", False,
+                st.session_state[review.OUTCOME] = ("drain", False,
                                              f"{choice} can no longer be drained (it is no "
                                              "longer ready or starting)")
             else:
-                st.session_state[OUTCOME] = ("drain", False, "choose an instance to drain")
-    show_pending("drain")
-    show_outcome("drain")
+                st.session_state[review.OUTCOME] = ("drain", False, "choose an instance to drain")
+    review.show_pending("drain")
+    review.show_outcome("drain")
 
 
 def routing_form(current: RoutingPublic) -> None:
@@ -249,10 +164,10 @@ def routing_form(current: RoutingPublic) -> None:
                     prompts = [r.prompt_tokens for r in ui.recent_requests()]
                 except ApiError:
                     prompts = None  # the preview is left out; the change itself is not
-            review("routing", changes.routing_change(current, patch, prompts)
+            review.review("routing", changes.routing_change(current, patch, prompts)
                    if patch else None)
-    show_pending("routing")
-    show_outcome("routing")
+    review.show_pending("routing")
+    review.show_outcome("routing")
 
 
 def targets_form() -> None:
@@ -283,9 +198,9 @@ def targets_form() -> None:
                                          format="%.3f", key=f"t-err-{v}"),
         }
         if st.form_submit_button("Review targets change"):
-            review("targets", changes.targets_change(current, wanted))
-    show_pending("targets")
-    show_outcome("targets")
+            review.review("targets", changes.targets_change(current, wanted))
+    review.show_pending("targets")
+    review.show_outcome("targets")
 
 
 # ---- page --------------------------------------------------------------------------------

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, frames, integrity, prom, ui
+from dashboard import changes, charts, frames, integrity, prom, review, ui
 from dashboard.client import ApiError
-from pdctl_api.schema import QuarantinePublic, Role
+from pdctl_api.schema import InstancePublic, QuarantinePublic, Role
 
 GRID_CHOICES = {"KV cache usage": "kv_cache_usage", "running": "running",
                 "waiting": "waiting", "state": "state"}
@@ -144,11 +144,70 @@ def drill_down() -> None:
     except ApiError as exc:
         ui.card_error(exc)
         return
+    drain_action(chosen, cl.instances)
+    its_requests(iid)
+    its_load(iid)
     st.markdown("**Its events** (newest first)")
     st.dataframe(frames.events_frame(events), hide_index=True, width="stretch",
                  height=min(300, 38 + 35 * max(1, len(events))))
     st.markdown("**The tail of its engine's log** (`/api/v1/instances/{id}/log`)")
     st.code(log or "(empty)", language=None)
+
+
+def drain_action(chosen: InstancePublic, instances: list[InstancePublic]) -> None:
+    """Drain (and so restart) the instance: reviewed, then confirmed, like every change."""
+    if not ui.may_change():
+        return
+    section = f"pools-drain-{chosen.id}"
+    if chosen.id in {i.id for i in changes.drainable(instances)}:
+        st.caption("Draining stops new requests to it; it stops when its requests are done, "
+                   "and the pool starts a replacement while its size is unchanged: a restart.")
+        if st.button("Review drain (restart)", key=f"pools-review-drain-{chosen.id}"):
+            review.review(section, changes.drain_change(chosen))
+    review.show_pending(section)
+    review.show_outcome(section)
+
+
+REQUESTS_READ = 500  # recent requests searched for the instance's own
+
+
+def its_requests(iid: str) -> None:
+    """The recent requests it served (as prefill or as decode), their TTFT over time."""
+    rng = ui.time_range()
+    try:
+        df = frames.requests_frame(ui.recent_requests(REQUESTS_READ, rng))
+    except ApiError as exc:
+        ui.card_error(exc)
+        return
+    df = frames.through(df[df["started_at"] >= rng.start()], iid)
+    st.markdown(f"**Its requests** (of the last {REQUESTS_READ} {rng.within()})")
+    if df.empty:
+        st.info(f"No request went through {iid} among them.")
+        return
+    ok = df[df["status"] == "ok"]["ttft_ms"]
+    cols = st.columns(3)
+    cols[0].metric("Requests", f"{len(df)}", help="as prefill or as decode")
+    cols[1].metric("TTFT p50", ui.fmt_ms(ok.quantile(0.5)) if len(ok) else "no data")
+    cols[2].metric("Failed", f"{int((df['status'] != 'ok').sum())}")
+    ui.chart(st, charts.instance_requests(df), width="stretch")
+    with st.expander("Its requests as a table", key=f"pools-requests-{iid}",
+                     on_change="rerun") as box:
+        if box.open:
+            ui.requests_table(df)
+
+
+def its_load(iid: str) -> None:
+    """With Prometheus: the engine's own running, waiting and KV cache series."""
+    if ui.prom() is None:
+        return
+    res = ui.prom_instance(iid, ui.time_range())
+    if res is None:
+        return
+    st.markdown("**Its engine's load over time** (Prometheus: `vllm:num_requests_running`, "
+                "`vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`)")
+    load = prom.load_frame(res)
+    for col, metric in zip(st.columns(3), prom.LOAD_METRICS.values(), strict=True):
+        ui.chart(col, charts.load_lines(load, metric), width="stretch")
 
 
 LOAD_QUERIES = tuple(prom.LOAD_METRICS)

@@ -237,6 +237,9 @@ class FakeController:
             return self.planner
         if request.method == "POST" and path.endswith("/drain"):
             return self.drain(path.split("/")[2])
+        if request.method == "GET" and path.startswith("/instances/") and path.endswith("/log"):
+            iid = path.split("/")[2]
+            return {"id": iid, "log": f"INFO engine log line of {iid}"}
         raise InvalidChange(f"fake controller: no route {key}")
 
     def window(self, window_s: float) -> list[RequestRecord]:

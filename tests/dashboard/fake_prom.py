@@ -43,6 +43,20 @@ def series_for(name: str) -> Series:
     return table[name]
 
 
+INSTANCE_QUERY = re.compile(r'(vllm:\w+)\{instance="([^"]+)"\}')
+
+
+def instance_series(query: str) -> Series | None:
+    """One engine's load series (``prom.instance_query``), labelled as the scrape labels it."""
+    m = INSTANCE_QUERY.fullmatch(query)
+    names = {v: k for k, v in prom.ENGINE_SERIES.items()}
+    if m is None or m.group(1) not in names:
+        return None
+    role = "prefill" if m.group(2).startswith("prefill") else "decode"
+    value = {labels["role"]: v for labels, v in series_for(names[m.group(1)])}
+    return [({"instance": m.group(2), "role": role}, 2 * value[role])]
+
+
 def query_name(query: str) -> str | None:
     for name, template in prom.QUERIES.items():
         pattern = re.escape(template).replace(re.escape("{rate}"), r"\d+s")
@@ -86,7 +100,8 @@ class FakePrometheus(BaseAdapter):
             return _response(request, 200, {"status": "success", "data": {
                 "resultType": "vector", "result": result}})
         name = query_name(q["query"])
-        if name is None:
+        own = instance_series(q["query"])
+        if name is None and own is None:
             return _response(request, 400, {"status": "error", "errorType": "bad_data",
                                              "error": f"unknown query {q['query']!r}"})
         if url.path == "/api/v1/query":
@@ -98,7 +113,7 @@ class FakePrometheus(BaseAdapter):
         n = int((end - start) / float(step.removesuffix("s"))) + 1
         times = [start + k * float(step.removesuffix("s")) for k in range(n)]
         result = [{"metric": m, "values": [[t, str(v)] for t in times]}
-                  for m, v in series_for(name)]
+                  for m, v in (own if own is not None else series_for(name or ""))]
         return _response(request, 200, {"status": "success", "data": {
             "resultType": "matrix", "result": result}})
 

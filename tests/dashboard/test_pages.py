@@ -277,6 +277,34 @@ def test_pools_page_lists_every_instance(console: Console, fake: FakeController)
     assert "120 of 120 instances" in texts(at.caption)
 
 
+def test_an_instance_opens_with_its_requests_and_drains_after_review(
+        console: Console, fake: FakeController) -> None:
+    fake.instances = make_instances(1, 2)  # prefill-1, decode-2, decode-3 (no request)
+    at = console(fake, "pools")
+    by_label(at.selectbox, "instance").set_value("decode-2").run()
+    no_exceptions(at)
+    assert "**Its requests**" in texts(at.markdown)
+    assert by_label(at.metric, "Requests").value == "300"  # every fake request's decode hop
+    assert "engine log line of decode-2" in texts(at.code)
+    by_label(at.button, "Review drain (restart)").click().run()
+    assert "drain decode-2" in texts(at.warning) and fake.changes() == []  # reviewed, not sent
+    by_label(at.button, "Confirm change").click().run()
+    no_exceptions(at)
+    assert fake.changes() == [("POST", "/api/v1/instances/decode-2/drain", None)]
+    by_label(at.selectbox, "instance").set_value("decode-3").run()
+    assert "No request went through decode-3" in texts(at.info)
+
+
+def test_a_viewer_opens_an_instance_and_is_offered_no_drain(console: Console,
+                                                            fake: FakeController) -> None:
+    fake.viewer = True
+    at = console(fake, "pools")
+    by_label(at.selectbox, "instance").set_value("prefill-1").run()
+    no_exceptions(at)
+    assert by_label(at.metric, "Requests").value == "200"
+    assert not [b for b in at.button if b.label.startswith("Review drain")]
+
+
 # ---- controls ----------------------------------------------------------------------------
 
 def review_pool(at: AppTest, role: str, size: int | None = None, tp: int | None = None

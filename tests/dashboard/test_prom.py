@@ -249,3 +249,15 @@ def test_frames_from_the_fake_draw_with_the_chart_builders() -> None:
     load = prom.load_frame({n: res[n] for n in prom.LOAD_METRICS})
     for metric in prom.LOAD_METRICS.values():
         charts.load_lines(load, metric).to_dict()
+
+
+def test_an_opened_instance_shows_its_engine_load_from_prometheus(app: Any) -> None:
+    fake = FakePrometheus()
+    at = app("pools", fake)
+    [box] = [s for s in at.selectbox if s.label == "instance"]
+    box.set_value("decode-2").run()
+    assert not at.exception
+    own = [q for q in fake.queries if 'instance="decode-2"' in q]
+    assert sorted(own) == sorted(prom.instance_query(n, "decode-2") for n in prom.LOAD_METRICS)
+    assert any("Its engine's load over time" in m.value for m in at.markdown)
+    assert len(at.get("vega_lite_chart")) == 4 + 1 + 3  # + its requests, + its own load

@@ -219,8 +219,20 @@ def test_pools_show_live_instances_and_open_one_with_its_events_and_log(
         expect(page.get_by_text("The tail of its engine's log")).to_be_visible(timeout=15_000)
         expect(page.get_by_text("decode hop for KV handle").first).to_be_visible()
         expect(page.get_by_text("Its events")).to_be_visible()
+        expect(page.get_by_text("Its requests", exact=True)).to_be_visible()
+        assert int(metric(page, "Requests")) > 0  # the load went through it
         shoot(page, "pools-instance")
+        page.get_by_role("button", name="Review drain (restart)").click()  # reviewed first
+        expect(page.get_by_text(f"Confirm a disruptive change — drain {live}")).to_be_visible(
+            timeout=15_000)
+        assert controller.get(f"/instances/{live}")["state"] == "ready"
+        page.get_by_role("button", name="Confirm change").click()
+        expect(page.get_by_text(f"{live} is draining")).to_be_visible(timeout=15_000)
     assert stopped != live
+    assert controller.get(f"/instances/{live}")["state"] in ("draining", "stopped")
+    controller.wait_converged(timeout=60)  # the pool started a replacement: a restart
+    ready = [i["id"] for i in controller.get("/instances?role=decode") if i["state"] == "ready"]
+    assert len(ready) == 1 and ready != [live]
 
 
 def test_controls_offer_valid_tps_show_capacity_and_review_a_routing_change(

@@ -1,0 +1,99 @@
+"""Review, then confirm: every change the console makes is first shown as what it will do
+(``changes.PendingChange``), and sent only when the operator confirms it; the controller's
+answer (a toast, or its refusal verbatim) is shown in the section that asked. Shared by the
+Controls page and the Pools page's instance drill-down. Streamlit glue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from dashboard import ui
+from dashboard.changes import PendingChange
+from dashboard.client import ApiError
+
+PENDING = "pdctl_pending"  # (section, PendingChange) awaiting confirmation
+OUTCOME = "pdctl_outcome"  # (section, ok, message) of the last change
+
+
+def _send(section: str, what: str, call: Any) -> None:
+    try:
+        call()
+    except ApiError as exc:
+        st.session_state[OUTCOME] = (section, False, exc)
+        return
+    ui.forget_reads()
+    st.session_state[OUTCOME] = (section, True, what)
+
+
+def confirm_pending() -> None:
+    """Button callback: send the reviewed change."""
+    held: tuple[str, PendingChange] | None = st.session_state.pop(PENDING, None)
+    if held is None:
+        return
+    section, p = held
+    c = ui.client()
+    if p.kind == "pool" and p.role is not None:
+        role = p.role
+        _send(section, f"{p.title}: sent, the pool is converging",
+              lambda: c.set_pool(role, size=p.size, tp=p.tp))
+    elif p.kind == "drain" and p.instance_id is not None:
+        iid = p.instance_id
+        _send(section, f"{iid} is draining", lambda: c.drain(iid))
+    elif p.kind == "targets" and p.patch:
+        change = dict(p.patch)
+        _send(section, "targets updated: " + ", ".join(
+            f"{k}={val:g}" for k, val in change.items()), lambda: c.set_targets(change))
+    elif p.kind == "routing" and p.patch:
+        patch = dict(p.patch)
+        _send(section, "routing updated: " + ", ".join(
+            f"{k}={val}" for k, val in patch.items()), lambda: c.set_routing(patch))
+
+
+def cancel_pending() -> None:
+    st.session_state.pop(PENDING, None)
+
+
+def review(section: str, change: PendingChange | None) -> None:
+    st.session_state.pop(OUTCOME, None)
+    if change is None:
+        st.session_state.pop(PENDING, None)
+        st.session_state[OUTCOME] = (section, True, "nothing to change")
+    else:
+        st.session_state[PENDING] = (section, change)
+
+
+def show_outcome(section: str) -> None:
+    """The result of this section's last change: a toast, or the controller's refusal."""
+    outcome = st.session_state.get(OUTCOME)
+    if not outcome or outcome[0] != section:
+        return
+    _, ok, body = outcome
+    ui.change_outcome(ok, body)
+    if ok:
+        st.session_state.pop(OUTCOME, None)
+
+
+def show_pending(section: str) -> None:
+    """The confirmation step for a reviewed change of this section."""
+    held = st.session_state.get(PENDING)
+    if not held or held[0] != section:
+        return
+    change: PendingChange = held[1]
+    with st.container(border=True):
+        if change.disruptive:
+            st.warning(f"**Confirm a disruptive change — {change.title}**",
+                       icon=":material/warning:")
+        else:
+            st.info(f"**Confirm — {change.title}**", icon=":material/info:")
+        if change.kind == "pool":
+            st.caption("The controller's plan for its next step (dry run); it plans again "
+                       "every step until the pool has converged.")
+        st.markdown("\n".join(f"- {e}" for e in change.effects))
+        left, right = st.columns(2)
+        # The loud button only for a change that drains or stops something.
+        left.button("Confirm change", key=f"confirm-{section}",
+                    type="primary" if change.disruptive else "secondary",
+                    on_click=confirm_pending)
+        right.button("Cancel", key=f"cancel-{section}", on_click=cancel_pending)
