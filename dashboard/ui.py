@@ -158,12 +158,14 @@ def cluster() -> ClusterPublic:
 
 def stats(rng: TimeRange) -> StatsPublic:
     c = client()
-    return _stats(c.cache_key, rng.window_s, rng.end, c)
+    window, end = rng.asked()
+    return _stats(c.cache_key, window, end, c)
 
 
 def timeseries(rng: TimeRange) -> TimeseriesPublic:
     c = client()
-    return _timeseries(c.cache_key, rng.window_s, step_for(rng.window_s), rng.end, c)
+    window, end = rng.asked()
+    return _timeseries(c.cache_key, window, step_for(window), end, c)
 
 
 def recent_requests(limit: int = RECENT_LIMIT, rng: TimeRange | None = None
@@ -171,9 +173,10 @@ def recent_requests(limit: int = RECENT_LIMIT, rng: TimeRange | None = None
     """The newest ``limit`` requests; of a fixed range's, when ``rng`` is one (a live window
     filters its own: its start moves on every refresh)."""
     c = client()
-    if rng is None or rng.end is None:
+    window, end = rng.asked() if rng is not None else (0.0, None)
+    if end is None:
         return _requests(c.cache_key, limit, None, None, c)
-    return _requests(c.cache_key, limit, rng.end - rng.window_s, rng.end, c)
+    return _requests(c.cache_key, limit, end - window, end, c)
 
 
 @st.cache_data(ttl=30.0, max_entries=16, show_spinner=False)
@@ -257,8 +260,9 @@ def prometheus_alerts() -> None:
 def prom_window(rng: TimeRange) -> Window:
     """The range query, its end on a step boundary so that every card of one refresh asks
     the same question (and shares the cached answer)."""
-    step = step_for(rng.window_s)
-    return Window(math.floor(rng.stop() / step) * step, rng.window_s, step)
+    window, end = rng.asked()
+    step = step_for(window)
+    return Window(math.floor((time.time() if end is None else end) / step) * step, window, step)
 
 
 def prom_results(names: Sequence[str], rng: TimeRange) -> dict[str, Result] | None:
@@ -299,9 +303,9 @@ def prom_instance(instance_id: str, rng: TimeRange) -> dict[str, Result] | None:
 
 
 def prom_caption(what: str, rng: TimeRange) -> str:
-    c = prom()
-    return (f"{what} · Prometheus `{c.url if c else ''}`, rate window "
-            f"{prom_window(rng).rate}, step {step_for(rng.window_s):g} s")
+    c, w = prom(), prom_window(rng)
+    return (f"{what} · Prometheus `{c.url if c else ''}`, rate window {w.rate}, "
+            f"step {w.step_s:g} s")
 
 
 def forget_reads() -> None:
@@ -322,12 +326,20 @@ class TimeRange:
     end: float | None = None
 
     def stop(self) -> float:
-        """The range's end now: a fixed end not yet reached is now (as the API clamps it)."""
+        """The range's end now: a fixed end not yet reached is now."""
         now = time.time()
         return now if self.end is None else min(self.end, now)
 
     def start(self) -> float:
-        return self.stop() - self.window_s
+        return (time.time() if self.end is None else self.end) - self.window_s
+
+    def asked(self) -> tuple[float, float | None]:
+        """``(window_s, end)`` to ask the API for: a fixed range not over yet is asked from
+        its start up to now (the whole second, so that the cards of a refresh share it)."""
+        if self.end is None or self.end <= time.time():
+            return self.window_s, self.end
+        now = float(math.floor(time.time()))
+        return max(1.0, now - self.start()), now
 
     def within(self) -> str:
         """``in the last 300 s`` or ``between 14:00:00 and 14:15:00``."""

@@ -252,7 +252,10 @@ def test_custom_range_across_midnight_and_its_cap() -> None:
     rng = ui.custom_range(day, dtime(23, 50), dtime(0, 10))
     assert rng.window_s == 1200 and rng.end == datetime(2026, 12, 2, 0, 10).timestamp()
     assert ui.custom_range(day, dtime(10, 0), dtime(10, 0)).window_s == ui.MAX_RANGE_S
-    assert ui.TimeRange(60.0, time.time() + 600).stop() <= time.time()  # not past now
+    ahead = ui.TimeRange(900.0, time.time() + 600)  # started 5 min ago, 10 min to go
+    assert ahead.stop() <= time.time() and ahead.start() == ahead.end - 900  # not past now
+    window, end = ahead.asked()  # asked from its start up to now, not the last 15 min
+    assert end is not None and end <= time.time() and 299 <= window <= 301
 
 
 def test_a_request_is_found_by_id(console: Console, fake: FakeController) -> None:
