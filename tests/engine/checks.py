@@ -46,8 +46,12 @@ def lab_config(model: Path, **extra: Any) -> dict[str, Any]:
         "pools": {"prefill": {"size": 1, "tp": 1}, "decode": {"size": 1, "tp": 1}},
         "routing": {"disagg_min_prompt_tokens": 128},
         "vllm": {"enforce_eager": True},
+        # header_timeout_s: while a third engine starts, both cores are saturated and a
+        # client or the controller can be starved past the 10 s default between a connection
+        # and its headers being read (seen: a 408 in test_scale_decode_1_2_1 on an Intel
+        # 2-vCPU machine); the lab's limits are generous throughout.
         "controller": {"start_timeout_s": START_S, "health_interval_s": 2.0,
-                       "unhealthy_after": 10},
+                       "unhealthy_after": 10, "header_timeout_s": 120.0},
     }
     for key, value in extra.items():
         cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
