@@ -29,6 +29,7 @@ from dashboard.prom import (
     fetch,
     instance_query,
 )
+from pdctl_api.client import BAD_TOKEN, NO_TOKEN
 from pdctl_api.schema import (
     AccessPublic,
     AdvisorPublic,
@@ -448,7 +449,10 @@ def explain(exc: ApiError, cfg: ConsoleConfig | None = None) -> str:
     cfg = cfg or config()
     url = cfg.controller_url
     source = token_source(cfg)
-    if exc.unreachable and exc.detail == "no API token":
+    if exc.unreachable and exc.detail == BAD_TOKEN:
+        return (f"The API token read from {source} {BAD_TOKEN.removeprefix('the API token ')}."
+                " Enter the controller's token below, or fix where it came from.")
+    if exc.unreachable and exc.detail == NO_TOKEN:
         return (f"No API token: the console reads it from `PDCTL_TOKEN` or `{source}`, and "
                 "found none. Point `--state-dir` / `PDCTL_STATE_DIR` at the controller's "
                 "state directory, or set `PDCTL_TOKEN`.")
@@ -490,12 +494,11 @@ def connection_banner() -> None:
     try:
         client().routing()
     except ApiError as exc:
-        no_token = exc.unreachable and exc.detail == "no API token"
-        icon = ":material/cloud_off:" if exc.unreachable and not no_token else \
+        icon = ":material/cloud_off:" if exc.unreachable and not exc.token_problem else \
             ":material/key_off:"
         st.error(explain(exc), icon=icon)
         st.session_state[DOWN_KEY] = True
-        if exc.unauthorized or no_token:
+        if exc.unauthorized or exc.token_problem:
             token_form()
         return
     if st.session_state.get(DOWN_KEY):

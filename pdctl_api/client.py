@@ -56,6 +56,11 @@ def _adapter(model: type[M]) -> TypeAdapter[M]:
     return adapter
 
 
+NO_TOKEN = "no API token"
+BAD_TOKEN = ("the API token holds characters an HTTP header cannot carry (printable ASCII "
+             "only), so it cannot be the controller's")
+
+
 class ApiError(Exception):
     """A control-API call that did not succeed.
 
@@ -79,6 +84,12 @@ class ApiError(Exception):
     @property
     def unauthorized(self) -> bool:
         return self.status == 401
+
+    @property
+    def token_problem(self) -> bool:
+        """No token was found, or the one found cannot be sent (nothing reached the
+        controller)."""
+        return self.status is None and self.detail in (NO_TOKEN, BAD_TOKEN)
 
     @property
     def refused(self) -> bool:
@@ -119,8 +130,12 @@ class PdctlClient:
         self._transport = transport
         # Distinguishes clients in shared caches (two tests, two controllers, one URL).
         self.cache_key = f"{self.base_url}#{uuid.uuid4().hex[:8]}"
+        # A header carries printable ASCII only ("Jørgen" would fail every call).
+        actor = "".join(ch for ch in actor if ch.isascii() and ch.isprintable()) or "api"
         headers = {"X-Pdctl-Actor": actor}
-        if token:
+        # Likewise a token: one beyond ASCII is refused before any call.
+        self._bad_token = bool(token) and not (token or "").isascii()
+        if token and not self._bad_token:
             headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.Client(base_url=self.base_url, headers=headers,
                                   timeout=httpx.Timeout(timeout_s, connect=min(2.0, timeout_s)),
@@ -143,7 +158,9 @@ class PdctlClient:
     def _send(self, method: str, path: str, params: Mapping[str, Any] | None = None,
               body: Any = None, auth: bool = True) -> httpx.Response:
         if auth and not self.token:
-            raise ApiError(None, "no API token", self.base_url)
+            raise ApiError(None, NO_TOKEN, self.base_url)
+        if auth and self._bad_token:
+            raise ApiError(None, BAD_TOKEN, self.base_url)
         try:
             r = self._http.request(method, path, params=params, json=body)
         except httpx.HTTPError as exc:

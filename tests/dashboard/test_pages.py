@@ -108,6 +108,37 @@ def test_a_token_entered_in_the_console_replaces_a_wrong_one(console: Console,
     assert "refused the API token" in texts(at.error) and not at.title
 
 
+def test_a_token_no_header_can_carry_is_explained_not_a_crash(console: Console,
+                                                              fake: FakeController) -> None:
+    at = console(fake, token="tøken")  # e.g. a token file with a stray character
+    no_exceptions(at)
+    assert "holds characters an HTTP header cannot carry" in texts(at.error)
+    assert fake.calls == [] and not at.title  # nothing sent
+    by_label(at.text_input, "API token for this session").set_value("🙂")
+    by_label(at.button, "Use this token").click()
+    at.run()
+    no_exceptions(at)
+    assert "entered in this console session holds characters" in texts(at.error)
+
+
+def test_an_actor_beyond_ascii_is_sent_as_its_ascii_part() -> None:
+    """The operator's name goes into a header, which carries printable ASCII only."""
+    import httpx
+
+    from dashboard.client import ControllerClient
+
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers["X-Pdctl-Actor"])
+        return httpx.Response(200, json=FakeController().routing)
+
+    c = ControllerClient(URL, TOKEN, transport=httpx.MockTransport(handler),
+                         actor="pdctl-console/Jørgen")
+    c.routing()
+    assert seen == ["pdctl-console/Jrgen"]
+
+
 def test_missing_token_is_explained(console: Console, fake: FakeController) -> None:
     at = console(fake, token=None)
     assert "No API token" in texts(at.error)
