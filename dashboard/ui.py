@@ -180,6 +180,12 @@ def recent_requests(limit: int = RECENT_LIMIT, rng: TimeRange | None = None
     return _requests(c.cache_key, limit, end - window, end, c)
 
 
+def requests_in(rng: TimeRange, limit: int = RECENT_LIMIT) -> pd.DataFrame:
+    """The newest ``limit`` requests that started in the range, as a ``requests_frame``."""
+    df = frames.requests_frame(recent_requests(limit, rng))
+    return df[df["started_at"] >= rng.start()]
+
+
 @st.cache_data(ttl=30.0, max_entries=16, show_spinner=False)
 def _access(key: str, _c: ControllerClient) -> AccessPublic | None:
     return _unless_absent(_c.access)  # None: one token, which may change
@@ -618,9 +624,9 @@ def requests_table(requests: pd.DataFrame) -> None:
 
 def chart(where: Any, spec: Any, **kwargs: Any) -> None:
     """``where.altair_chart(spec)``, skipping Altair's JSON-schema validation of the whole
-    spec, which Streamlit asks for (``to_dict()``) at every refresh: about 60 ms a chart, the
-    larger part of a page's render at 100k records (``python -m bench.console``). The chart
-    builders' specs are validated by their unit tests (``tests/dashboard``)."""
+    spec, which Streamlit asks for (``to_dict()``) at every refresh (with ``altair_speed``:
+    0.92 of the render time on the Transfer and Pools pages, measured in BENCHMARKS.md part
+    4). The chart builders' specs are validated by their unit tests (``tests/dashboard``)."""
     object.__setattr__(spec, "to_dict", functools.partial(type(spec).to_dict, spec,
                                                           validate=False))
     where.altair_chart(spec, **kwargs)

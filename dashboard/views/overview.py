@@ -105,11 +105,10 @@ def find_request() -> None:
 def recent() -> None:
     st.subheader("Recent requests")
     try:
-        df = frames.requests_frame(ui.recent_requests(rng=rng))
+        df = ui.requests_in(rng)  # the window's, like every card
     except ApiError as exc:
         ui.card_error(exc)
         return
-    df = df[df["started_at"] >= rng.start()]  # the window's, like every card
     if df.empty:
         st.info(f"No requests {rng.within()}.")
         return

@@ -175,11 +175,10 @@ def its_requests(iid: str) -> None:
     """The recent requests it served (as prefill or as decode), their TTFT over time."""
     rng = ui.time_range()
     try:
-        df = frames.requests_frame(ui.recent_requests(REQUESTS_READ, rng))
+        df = frames.through(ui.requests_in(rng, REQUESTS_READ), iid)
     except ApiError as exc:
         ui.card_error(exc)
         return
-    df = frames.through(df[df["started_at"] >= rng.start()], iid)
     st.markdown(f"**Its requests** (of the last {REQUESTS_READ} {rng.within()})")
     if df.empty:
         st.info(f"No request went through {iid} among them.")
