@@ -43,7 +43,6 @@ import uvicorn
 from bench import stats
 from bench.fleet import Fleet, free_port, healthy, interrupt_on_signals, wait_until
 from bench.report import ROOT, fmt, write_json
-from controller import profiles
 from controller.api.app import create_app
 from controller.api.state import AppState
 from controller.config import Settings
@@ -51,6 +50,7 @@ from controller.launchers.base import Launched, Launcher, LaunchSpec
 from controller.models import Instance, RequestPath, RequestRecord, Role
 from dashboard.client import ControllerClient
 from dashboard.config import RECENT_LIMIT, step_for
+from pdctl_api import profiles
 
 TITLE = "Console: 100k synthetic records, 120 instances"
 ABOUT = ("The controller app in-process with SYNTHETIC state (100,000 request records over the "
@@ -277,7 +277,7 @@ def bench_browser(url: str, state_dir: Path, work: Path, rounds: int
     round's), and the screenshot's path."""
     from playwright.sync_api import sync_playwright
 
-    from dashboard.launch import console_env, streamlit_argv
+    from controller.cli.console import console_env, streamlit_argv
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"

@@ -66,11 +66,11 @@ from bench.fleet import (
     wait_until,
 )
 from bench.report import ROOT, ratio, write_json
+from controller.cli.serve import cpu_lab_defaults
 from controller.config import deep_merge, load_settings
 from controller.launchers.base import LaunchSpec
 from controller.launchers.vllm import VllmLauncher
 from controller.models import Role
-from controller.serve import cpu_lab_defaults
 
 TITLE = "The real CPU lab under guidellm; simulator validity"
 ABOUT = ("Real vLLM (CPU build) engines on this machine's two cores, the lab model, guidellm "
@@ -554,7 +554,7 @@ def report(res: LabResult) -> str:
     out = [table(res).lstrip("\n")]
     if res.calibration:
         out.append("\ncpu-lab constants that reproduce the real P/D synchronous ITL p50 and "
-                   "prefill median (controller/profiles.py): " + ", ".join(
+                   "prefill median (pdctl_api/profiles.py): " + ", ".join(
                        f"{k} {v:.3g}" for k, v in res.calibration.items()))
     out.append(f"\ntotal {res.total_s / 60:.1f} min; guidellm outputs and logs in "
                f"{res.options.work}")
@@ -567,8 +567,8 @@ def suggest_calibration(res: LabResult, data: Path) -> dict[str, float] | None:
     in the model), ``peak_flops`` from the prefill engine's time on the long prompts (compute-
     bound). Effective figures: they absorb vLLM's per-step CPU overhead, which the roofline's
     fixed 0.5 ms does not cover, and the sim's token estimate (UTF-8 bytes / 4)."""
-    from controller import profiles
     from controller.tokens import estimate_tokens
+    from pdctl_api import profiles
 
     real = res.setups["disagg"].profiles.get("synchronous") if "disagg" in res.setups else None
     if real is None:
@@ -614,7 +614,7 @@ def run_lab(o: Options) -> LabResult:
                          "(plain `pip install guidellm` pulls a multi-GB CUDA torch)")
     if not (o.model_dir / "tokenizer.json").is_file():
         log(f"no lab model in {o.model_dir}; writing it (pdctl make-model)")
-        from controller.make_model import make_model
+        from controller.cli.make_model import make_model
         make_model(o.model_dir)
     settings = load_settings(None, **lab_config(o.model_dir))
     threshold = settings.routing.disagg_min_prompt_tokens

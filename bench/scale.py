@@ -68,7 +68,7 @@ from bench.fleet import (
 )
 from bench.loadgen import DROPPED, OpenLoop, body
 from bench.report import ROOT, finish, fmt
-from controller import profiles
+from pdctl_api import profiles
 
 TITLE = "Scale: 16 prefill + 48 decode simulated 70B/H100 instances"
 ABOUT = ("`pdctl controller` starts 16 prefill (TP4) and 48 decode (TP2) simulated "

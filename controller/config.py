@@ -16,9 +16,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from controller import profiles
-from controller.cpu_features import CPU_ENGINE_DTYPE, CPU_ENGINE_NICE
 from controller.errors import ConfigError, InvalidChange
+from controller.models import PoolTarget, Role
+from controller.sizing.cpu_features import CPU_ENGINE_DTYPE, CPU_ENGINE_NICE
+from controller.sizing.fit import check_targets
+from pdctl_api import profiles
 from pdctl_api.schema import PolicyName
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
@@ -29,7 +31,7 @@ class Strict(BaseModel):
 
 
 class ModelSettings(Strict):
-    name: str = Field("llama-3-70b", description="model profile (see controller.profiles)")
+    name: str = Field("llama-3-70b", description="model profile (see pdctl_api.profiles)")
     served_name: str | None = Field(None, description="name clients use; default: name")
     path: Path | None = Field(None, description="model directory (config.json, tokenizer.json)")
 
@@ -509,16 +511,13 @@ def pools_problem(settings: Settings) -> str | None:
     the cluster's capacity is checked when the controller joins it."""
     if settings.backend == "external":
         return None
-    from controller import validation  # noqa: PLC0415 - it imports this module's peers
-    from controller.models import Role  # noqa: PLC0415
-    from controller.reconciler import PoolTarget  # noqa: PLC0415
 
     hw, pools = settings.hardware, settings.pools
     targets = {Role.PREFILL: PoolTarget(pools.prefill.size, pools.prefill.tp),
                Role.DECODE: PoolTarget(pools.decode.size, pools.decode.tp)}
     nodes = 1_000_000 if settings.launcher == "ray" else hw.nodes
     try:
-        validation.check_targets(targets, model=settings.model_profile, hw=hw.profile,
+        check_targets(targets, model=settings.model_profile, hw=hw.profile,
                                  per_node=hw.per_node, nodes=nodes, share=hw.share)
     except InvalidChange as exc:
         return str(exc)

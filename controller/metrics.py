@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import (
-    CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
 )
 from prometheus_client.registry import Collector
 
-from controller.config import TargetsSettings
-from controller.models import InstanceState, RequestRecord, Role
-
-if TYPE_CHECKING:
-    from controller.fleet import Fleet
+from controller.models import RequestRecord
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5,
                 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -88,79 +82,6 @@ class GapHistogram(Collector):
             sum_value=self.sum)
 
 
-class FleetCollector(Collector):
-    """Pool and instance gauges read from the fleet at scrape time, so instances that are
-    gone leave no stale series."""
-
-    def __init__(self, fleet: Fleet) -> None:
-        self._fleet = fleet
-
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        c = self._fleet
-        desired = GaugeMetricFamily("pdctl_pool_desired_instances",
-                                    "Desired instances per pool", labels=["role"])
-        for role in Role:
-            desired.add_metric([role.value], c.targets[role].size)
-        yield desired
-        states = GaugeMetricFamily("pdctl_instances", "Instances by role and state",
-                                   labels=["role", "state"])
-        for role in Role:
-            for state in InstanceState:
-                n = sum(1 for i in c.registry if i.role is role and i.state is state)
-                states.add_metric([role.value, state.value], n)
-        yield states
-        gauges = {
-            "running": GaugeMetricFamily("pdctl_instance_running_requests",
-                                         "Requests running on the engine",
-                                         labels=["instance", "role"]),
-            "waiting": GaugeMetricFamily("pdctl_instance_waiting_requests",
-                                         "Requests waiting in the engine",
-                                         labels=["instance", "role"]),
-            "kv_usage": GaugeMetricFamily("pdctl_instance_kv_cache_usage_ratio",
-                                          "KV cache usage, 0..1", labels=["instance", "role"]),
-        }
-        # The prefill engines' own KV lease counters, per instance: blocks freed because the
-        # lease ran out, and reads reported after that (the blocks may have been reused).
-        counters = {
-            "kv_expired": CounterMetricFamily(
-                "pdctl_instance_kv_expired_requests",
-                "Requests whose KV blocks the engine freed when their lease expired "
-                "(vllm:nixl_num_kv_expired_reqs)", labels=["instance", "role"]),
-            "kv_after_expiry": CounterMetricFamily(
-                "pdctl_instance_kv_notifications_after_expiry",
-                "Reads of KV blocks the engine had already freed, reported to it after the fact "
-                "(vllm:nixl_num_notifications_after_expiry)", labels=["instance", "role"]),
-        }
-        for inst in c.registry:
-            if inst.state.terminal:
-                continue
-            for attr, fam in gauges.items():
-                fam.add_metric([inst.id, inst.role.value], getattr(inst, attr))
-            for attr, cfam in counters.items():
-                cfam.add_metric([inst.id, inst.role.value], getattr(inst, attr))
-        yield from gauges.values()
-        yield from counters.values()
-
-
-class TargetsCollector(Collector):
-    """The operator's service targets, read at scrape time: the alerting rules compare the
-    measured figures with these (controller/alerts.py)."""
-
-    def __init__(self, targets: Callable[[], TargetsSettings]) -> None:
-        self._targets = targets
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        t = self._targets()
-        for name, value, doc in (
-                ("pdctl_target_ttft_p95_seconds", t.ttft_p95_ms / 1e3, "TTFT p95 target"),
-                ("pdctl_target_ttft_p99_seconds", t.ttft_p99_ms / 1e3, "TTFT p99 target"),
-                ("pdctl_target_gap_p99_seconds", t.gap_p99_ms / 1e3,
-                 "inter-token gap p99 target"),
-                ("pdctl_target_error_ratio", t.error_rate,
-                 "failed and refused requests over all requests: target")):
-            yield GaugeMetricFamily(name, f"{doc} (GET /api/v1/targets)", value=value)
-
-
 class AdmissionCollector(Collector):
     """Requests in flight in the controller and the admission limits, read at scrape time."""
 
@@ -225,12 +146,6 @@ class Metrics:
         self.planner_recommended = Gauge(
             "pdctl_planner_recommended_instances", "The SLA planner's recommended pool size "
             "(advisory and apply modes; absent when the planner is off)", ["role"], registry=r)
-
-    def attach(self, fleet: Fleet) -> None:
-        self.registry.register(FleetCollector(fleet))
-
-    def attach_targets(self, targets: Callable[[], TargetsSettings]) -> None:
-        self.registry.register(TargetsCollector(targets))
 
     def attach_admission(self, inflight: Callable[[], int],
                          limits: Callable[[], tuple[int, int]],

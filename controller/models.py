@@ -10,6 +10,14 @@ from typing import Any
 from pdctl_api.schema import InstanceState, RequestPath, Role
 
 
+@dataclass(frozen=True)
+class PoolTarget:
+    """A pool's desired size and tensor parallelism."""
+
+    size: int
+    tp: int
+
+
 @dataclass
 class Instance:
     """One engine instance as the controller sees it.

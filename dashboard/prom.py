@@ -204,7 +204,7 @@ ENGINE_SERIES = {"engine_running": "vllm:num_requests_running",
 
 def instance_query(name: str, instance_id: str) -> str:
     """One engine's own series of load metric ``name``: the scrape labels each engine's series
-    with its instance id (``instance``) and role (``controller.prometheus``)."""
+    with its instance id (``instance``) and role (``controller.obs.prometheus``)."""
     quoted = instance_id.replace("\\", "\\\\").replace('"', '\\"')
     return f'{ENGINE_SERIES[name]}{{instance="{quoted}"}}'
 

@@ -249,7 +249,7 @@ def _firing(key: str, _c: PromClient) -> list[dict[str, str]]:
 
 
 def prometheus_alerts() -> None:
-    """The alerts Prometheus has firing (its rules outlive this page: controller/alerts.py);
+    """The alerts Prometheus has firing (its rules outlive this page: controller/obs/alerts.py);
     nothing without a Prometheus. A Prometheus that cannot answer is said once, quietly."""
     p = prom()
     if p is None:

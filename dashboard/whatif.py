@@ -1,5 +1,5 @@
 """The Advisor's what-if calculator: KV cache size and transfer time for a model, a prompt
-length and a link, from ``controller.profiles`` (the same numbers the controller uses)."""
+length and a link, from ``pdctl_api.profiles`` (the same numbers the controller uses)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from controller import profiles
+from pdctl_api import profiles
 
 SWEEP_TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 

@@ -19,7 +19,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from controller import prometheus
 from controller.api import control, data
 from controller.api.asgi import ASGIApp
 from controller.api.gate import ControlGate
@@ -27,7 +26,7 @@ from controller.api.state import AppState
 from controller.config import Settings
 from controller.errors import InvalidChange, PdctlError
 from controller.fleet import build_fleet
-from controller.kv_integrity import LeaseWatch
+from controller.fleet.collector import FleetCollector
 from controller.launchers.base import EngineKind, Launcher
 from controller.launchers.external import ExternalLauncher
 from controller.launchers.process import ProcessLauncher
@@ -36,12 +35,14 @@ from controller.launchers.sim_host import SimHostLauncher
 from controller.launchers.vllm import VllmEngine
 from controller.metrics import Metrics
 from controller.models import Role
+from controller.obs import prometheus
+from controller.obs.kv_integrity import LeaseWatch
+from controller.obs.targets import Targets, TargetsCollector
 from controller.planner.service import Planner
 from controller.requests_log import RequestLog
 from controller.router.h1 import H1Upstream
 from controller.router.proxy import Proxy
 from controller.store import Store
-from controller.targets import Targets
 from controller.token_file import ensure_token
 from controller.tokens import make_counter
 
@@ -72,7 +73,7 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
                                httpx.AsyncClient(timeout=httpx.Timeout(5.0)))
     upstream = H1Upstream(lambda: table.settings.request_timeout_s)  # the live value
     metrics = Metrics()
-    metrics.attach(fleet)
+    metrics.registry.register(FleetCollector(fleet))
     requests = RequestLog(settings.controller.request_buffer)
     proxy = Proxy(settings, table, upstream,
                   make_counter(settings.model.path, settings.backend), requests, metrics)
@@ -83,7 +84,7 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
     planner = Planner(settings, fleet, requests, metrics, store, writes,
                       arrivals=lambda: (proxy.arrived, proxy.arrived_prompt_tokens))
     targets = Targets(settings.targets, store)
-    metrics.attach_targets(lambda: targets.settings)
+    metrics.registry.register(TargetsCollector(lambda: targets.settings))
     return AppState(settings, store, fleet, table, proxy, requests, metrics, upstream,
                     ensure_token(state_dir), LeaseWatch(requests, metrics, store), planner,
                     targets,

@@ -21,12 +21,13 @@ from fastapi.dependencies.models import Dependant
 from fastapi.security import HTTPBearer
 from starlette.requests import Request
 
-from controller import advisor, kvfit, profiles
 from controller.api.state import AppState, app_state
 from controller.errors import InvalidChange, NotFound
+from controller.fleet.reconcile import Action, Drain, Start
 from controller.models import Instance, InstanceState, Role
-from controller.reconciler import Action, Drain, Start
 from controller.requests_log import stats, timeseries
+from controller.sizing import advisor, kvfit
+from pdctl_api import profiles
 from pdctl_api.schema import (
     AccessPublic,
     AdvisorPublic,

@@ -10,15 +10,15 @@ from starlette.requests import Request
 
 from controller.config import Settings
 from controller.fleet import Fleet
-from controller.kv_integrity import LeaseWatch
 from controller.metrics import Metrics
+from controller.obs.kv_integrity import LeaseWatch
+from controller.obs.targets import Targets
 from controller.planner.service import Planner
 from controller.requests_log import RequestLog
 from controller.router.proxy import Proxy
 from controller.router.table import RoutingTable
 from controller.router.upstream import Upstream
 from controller.store import Store
-from controller.targets import Targets
 
 
 @dataclass

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from controller import profiles, validation
 from controller.config import Settings
 from controller.errors import InvalidChange
 from controller.launchers.base import Launcher
-from controller.models import Role
-from controller.reconciler import PoolTarget
+from controller.models import PoolTarget, Role
+from controller.sizing import fit
 from controller.store import Store
+from pdctl_api import profiles
 
 
 def target_json(t: PoolTarget) -> dict[str, int]:
@@ -77,23 +77,23 @@ class Desired:
         if at_start and self.live_capacity:
             hw = self.settings.hardware
             per_node, nodes, share = hw.per_node, 1_000_000, hw.share
-        validation.check_targets(targets, model=self.model, hw=self.hw, per_node=per_node,
+        fit.check_targets(targets, model=self.model, hw=self.hw, per_node=per_node,
                                  nodes=nodes, share=share)
 
     def check(self, role: Role, size: int | None, tp: int | None) -> dict[Role, PoolTarget]:
         """The targets after the change; raises InvalidChange, changes nothing."""
         per_node, nodes, share = self.capacity()
-        return validation.check_change(
+        return fit.check_change(
             self.targets, role, size, tp, model=self.model, hw=self.hw, per_node=per_node,
             nodes=nodes, managed=self.managed, share=share)
 
     def valid_tps(self, role: Role) -> list[int]:
-        """The TPs ``role`` may change to now (``validation.valid_tps``)."""
+        """The TPs ``role`` may change to now (``fit.valid_tps``)."""
         if not self.managed:
             return [self.targets[role].tp]
         per_node, _, _ = self.capacity()
         other = self.targets[Role.DECODE if role is Role.PREFILL else Role.PREFILL].tp
-        return validation.valid_tps(self.model, self.hw, per_node, role, other)
+        return fit.valid_tps(self.model, self.hw, per_node, role, other)
 
     def set(self, role: Role, size: int | None, tp: int | None, actor: str,
             detail: str | None = None) -> PoolTarget:

@@ -2,7 +2,7 @@
 
 Each tick observes (process exits, health), builds the planner's input from the registry, the
 desired pools, the start guard and the routing table's in-flight counts, asks the pure
-``reconciler.plan`` what to do, and carries the actions out through the launcher. A separate
+``reconcile`` what to do, and carries the actions out through the launcher. A separate
 loop polls the engines' /metrics. Only the registry changes instances.
 """
 
@@ -14,27 +14,27 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from controller import placement
 from controller.config import Settings
 from controller.errors import InvalidChange, LaunchError, NotFound
 from controller.fleet.desired import Desired, FleetCapacity, capacity_of, target_json
 from controller.fleet.guard import StartGuard
 from controller.fleet.observer import Observer, Probe, count_failures, launched
-from controller.fleet.registry import Registry
-from controller.launchers.base import Launched, Launcher, LaunchSpec
-from controller.models import Instance, InstanceState, Role
-from controller.reconciler import (
+from controller.fleet.reconcile import (
     Action,
     Capacity,
     Drain,
-    Observed,
-    PlanInput,
+    FleetState,
+    Member,
     PoolTarget,
     Start,
     Stop,
-    plan,
+    reconcile,
 )
+from controller.fleet.registry import Registry
+from controller.launchers.base import Launched, Launcher, LaunchSpec
+from controller.models import Instance, InstanceState, Role
 from controller.router.table import RoutingTable
+from controller.sizing import placement
 
 log = logging.getLogger("pdctl.fleet")
 
@@ -76,7 +76,7 @@ class Fleet:
         applied now (a dry run, backoff aside); raises InvalidChange, changes nothing."""
         inp = self._plan_input(self.desired.check(role, size, tp))
         mine = {i.id for i in inp.instances if i.role is role}
-        return [a for a in plan(PlanInput(inp.targets, inp.instances, inp.capacity, inp.now,
+        return [a for a in reconcile(FleetState(inp.targets, inp.instances, inp.capacity, inp.now,
                                           inp.drain_timeout_s))
                 if (a.role is role if isinstance(a, Start) else a.instance_id in mine)]
 
@@ -173,7 +173,7 @@ class Fleet:
         await self._check_health()
         for iid in self.registry.purge():
             self._last_health.pop(iid, None)
-        for action in plan(self._plan_input(self.desired.targets)):
+        for action in reconcile(self._plan_input(self.desired.targets)):
             await self._act(action)
 
     def _fail(self, inst: Instance, why: str) -> None:
@@ -231,13 +231,13 @@ class Fleet:
         """``(accelerators per node, nodes, instances per accelerator)``."""
         return capacity_of(self.settings, self.launcher)
 
-    def _plan_input(self, targets: dict[Role, PoolTarget]) -> PlanInput:
+    def _plan_input(self, targets: dict[Role, PoolTarget]) -> FleetState:
         observed = tuple(
-            Observed(i.id, i.role, i.tp, i.state, self.table.inflight(i.id), i.created_at,
+            Member(i.id, i.role, i.tp, i.state, self.table.inflight(i.id), i.created_at,
                      i.drain_started_at)
             for i in self.registry.live())
         capacity = Capacity(*self.capacity(), self.registry.used_slots())
-        return PlanInput(targets, observed, capacity, self.clock(),
+        return FleetState(targets, observed, capacity, self.clock(),
                          self.settings.controller.drain_timeout_s,
                          dict(self.guard.backoff_until))
 

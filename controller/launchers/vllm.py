@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from controller.config import Settings
-from controller.cpu_features import CPU_NIXL_EXTRA
 from controller.errors import ConfigError
 from controller.launchers.base import Command, EngineKind, LaunchSpec
 from controller.launchers.process import ProcessLauncher
 from controller.models import Role
+from controller.sizing.cpu_features import CPU_NIXL_EXTRA
 
 KV_ROLE = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from controller import profiles
 from controller.models import RequestPath, RequestRecord
+from pdctl_api import profiles
 
 
 @dataclass(frozen=True)

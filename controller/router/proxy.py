@@ -43,7 +43,6 @@ from typing import Any
 
 import orjson
 
-from controller import profiles
 from controller.config import Settings
 from controller.errors import (
     NoInstanceAvailable,
@@ -70,6 +69,7 @@ from controller.router.table import Lease, RoutingTable
 from controller.router.upstream import Reply, Stream, Upstream, UpstreamError
 from controller.router.validate import Limits, check
 from controller.tokens import TokenCounter
+from pdctl_api import profiles
 
 log = logging.getLogger("pdctl.router")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from controller import profiles
 from dashboard import charts, ui, whatif
 from dashboard.client import ApiError
+from pdctl_api import profiles
 from pdctl_api.schema import AdvisorPublic, ClusterPublic, Role
 
 ADVICE_EVERY_S = 10.0  # advice moves slowly; its window is 10 minutes of traffic
@@ -15,7 +15,7 @@ VERDICT_BOX = {"colocate": st.info, "depends": st.warning, "barely-pays": st.inf
                "disaggregate": st.success, "strongly-disaggregate": st.success}
 
 st.title("Advisor")
-st.caption("From `/api/v1/advisor` (last 10 minutes of traffic) and `controller.profiles`")
+st.caption("From `/api/v1/advisor` (last 10 minutes of traffic) and `pdctl_api.profiles`")
 
 
 def fleet(advice: AdvisorPublic, cluster: ClusterPublic) -> None:

@@ -10,9 +10,9 @@ from typing import Any
 
 import streamlit as st
 
-from controller import profiles
 from dashboard import charts, frames, prom, ui, whatif
 from dashboard.client import ApiError
+from pdctl_api import profiles
 from pdctl_api.schema import ClusterPublic
 
 SCATTER_LIMIT = 500

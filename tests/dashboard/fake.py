@@ -16,15 +16,16 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from controller import advisor, profiles, validation
 from controller.api.control import planned
 from controller.config import TargetsSettings, describe_validation_error
 from controller.errors import InvalidChange
 from controller.fleet.guard import Quarantine
-from controller.models import Instance, InstanceState, RequestPath, RequestRecord, Role
-from controller.reconciler import Capacity, Observed, PlanInput, PoolTarget, Start, plan
+from controller.fleet.reconcile import Capacity, FleetState, Member, Start, reconcile
+from controller.models import Instance, InstanceState, PoolTarget, RequestPath, RequestRecord, Role
 from controller.requests_log import stats, timeseries
+from controller.sizing import advisor, fit
 from dashboard.client import ControllerClient
+from pdctl_api import profiles
 
 TOKEN = "secret-token"
 URL = "http://fake-controller:8080"
@@ -260,7 +261,7 @@ class FakeController:
                 "converged": ready == t.size,
                 **({} if self.legacy else {
                     "quarantine": self.quarantine_view(role),
-                    "valid_tp": validation.valid_tps(
+                    "valid_tp": fit.valid_tps(
                         MODEL, HW, 8, role, self.targets[Role.DECODE if role is Role.PREFILL
                                                          else Role.PREFILL].tp)})}
 
@@ -299,7 +300,7 @@ class FakeController:
                  "after": {"backend": "sim"}, "detail": None}]
 
     def check(self, role: Role, body: dict[str, Any]) -> dict[Role, PoolTarget]:
-        return validation.check_change(
+        return fit.check_change(
             self.targets, role, body.get("size"), body.get("tp"), model=MODEL, hw=HW,
             per_node=8, nodes=self.nodes, managed=True)
 
@@ -310,9 +311,10 @@ class FakeController:
     def plan_pool(self, role: Role, body: dict[str, Any]) -> dict[str, Any]:
         """What ``Fleet.preview_pool`` answers: the planner's actions for this pool."""
         targets = self.check(role, body)
-        live = tuple(Observed(i.id, i.role, i.tp, i.state, self.inflight(i), i.created_at)
+        live = tuple(Member(i.id, i.role, i.tp, i.state, self.inflight(i), i.created_at)
                      for i in self.instances if not i.state.terminal)
-        actions = plan(PlanInput(targets, live, Capacity(8, self.nodes), time.monotonic(), 30.0))
+        state = FleetState(targets, live, Capacity(8, self.nodes), time.monotonic(), 30.0)
+        actions = reconcile(state)
         mine = {i.id for i in live if i.role is role}
         return {"role": role.value, "desired": {"size": targets[role].size,
                                                 "tp": targets[role].tp},

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import console_launch as launch
-from dashboard import launch as console_launch
+from controller.cli import console as launch
 from dashboard.config import ConsoleConfig, load_config
 
 
@@ -48,9 +47,6 @@ def test_token_from_env_then_file(tmp_path: Path) -> None:
 
 def test_the_app_is_found_without_importing_the_console() -> None:
     assert launch.APP == Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
-    # The console's own name for the same functions (programs that start the console).
-    assert console_launch.streamlit_argv is launch.streamlit_argv
-    assert console_launch.console_env is launch.console_env
 
 
 def test_streamlit_argv_and_env(tmp_path: Path) -> None:

@@ -8,10 +8,10 @@ import altair as alt
 import pandas as pd
 import pytest
 
-from controller import profiles
 from controller.models import Instance
 from controller.requests_log import RequestLog, stats, timeseries
 from dashboard import charts, frames, whatif
+from pdctl_api import profiles
 from pdctl_api.schema import (
     ClusterPublic,
     EventPublic,

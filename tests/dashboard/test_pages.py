@@ -16,8 +16,7 @@ from streamlit.testing.v1 import AppTest
 
 from controller.config import TargetsSettings
 from controller.fleet.guard import Quarantine
-from controller.models import Role
-from controller.reconciler import PoolTarget
+from controller.models import PoolTarget, Role
 from dashboard import ui
 from dashboard.config import RECENT_LIMIT, ConsoleConfig
 from tests.dashboard.fake import (

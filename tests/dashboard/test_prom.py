@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from dashboard import charts, launch, prom, ui
+from controller.cli import console as launch
+from dashboard import charts, prom, ui
 from dashboard.config import ConsoleConfig, load_config
 from tests.dashboard.conftest import APP
 from tests.dashboard.fake import TOKEN, URL, FakeController

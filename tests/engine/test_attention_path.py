@@ -1,6 +1,6 @@
 """vLLM's own attention-kernel selection (``cpu_attn._get_attn_isa``), with AMX present and
 absent whatever this machine has: the lab's settings never take the ``amx`` kernel, and
-``controller.cpu_features`` predicts vLLM's choice."""
+``controller.sizing.cpu_features`` predicts vLLM's choice."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from controller.cpu_features import attention_path
+from controller.sizing.cpu_features import attention_path
 
 pytestmark = pytest.mark.engine
 

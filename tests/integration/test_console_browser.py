@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dashboard.launch import console_env, streamlit_argv
+from controller.cli.console import console_env, streamlit_argv
 from tests.integration.harness import ControllerProc, Load, free_port, start_controller
 
 CHROMIUM = "/usr/bin/chromium"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from controller import alerts
+from controller.obs import alerts
 
 # 1 request/s for 10 minutes: TTFTs in the (0.5, 1] s bucket, so p95 and p99 interpolate
 # inside it; 5 % of the requests fail; every gap in (0.05, 0.1].

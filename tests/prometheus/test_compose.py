@@ -21,8 +21,8 @@ import jsonschema
 import pytest
 import yaml
 
-from controller import alerts, prometheus
 from controller.config import PrometheusSettings, load_settings
+from controller.obs import alerts, prometheus
 from dashboard import prom
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,7 +162,7 @@ def test_services_fit_together(name: str) -> None:
         assert set(deps) <= set(services)
     prom_svc = services["prometheus"]
     assert prom_svc["network_mode"] == "service:controller" and "ports" not in prom_svc
-    # Target changes applied within one scrape interval, as in the lab (controller/prometheus.py)
+    # Target changes applied within one scrape interval, as in the lab (obs/prometheus.py)
     reload_flag = f"--scrape.discovery-reload-interval={prometheus.DISCOVERY_RELOAD}"
     assert reload_flag in prom_svc["command"]
     ports = [p.split(":")[-1] for p in services["controller"]["ports"]]

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controller import prometheus
+from controller.obs import prometheus
 from tests.integration.harness import free_port
 from tests.integration.test_lab_and_external import Output
 

@@ -2,7 +2,7 @@
 engines as targets, PromQL against the controller's own statistics, every console and Grafana
 query answered, and engine targets following pool changes.
 
-Started the way ``pdctl lab`` starts it (``controller.prometheus.start``), against a
+Started the way ``pdctl lab`` starts it (``controller.obs.prometheus.start``), against a
 ``pdctl controller`` process with simulated engines (``tests/integration/harness.py``).
 
 How close the PromQL p99 must be to ``GET /api/v1/stats``'s: the controller's p99 is exact
@@ -30,9 +30,9 @@ from typing import Any
 import httpx
 import pytest
 
-from controller import prometheus
 from controller.config import load_settings
 from controller.metrics import PART_BUCKETS, TTFT_BUCKETS
+from controller.obs import prometheus
 from dashboard import prom
 from tests.integration.harness import ControllerProc, Load, start_controller
 from tests.prometheus.test_compose import grafana_exprs
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.slow
 INTERVAL_S = 10.0  # the default (prometheus.scrape_interval_s), as the lab runs it
 # Prometheus 2.x hands discovered target changes to the scrape manager at most every 5 s
 # (discovery manager's update throttle, not configurable in 2.42), which applies them on its
-# next reload tick (1 s: controller.prometheus.DISCOVERY_RELOAD): a changed target set shows in
+# next reload tick (1 s: controller.obs.prometheus.DISCOVERY_RELOAD): a changed target set shows in
 # /api/v1/targets up to ~6 s after the file changes, whatever the scrape interval.
 SD_APPLY_S = 5.0 + 1.0
 SLACK_S = 2.0  # a busy 2-core CI machine; only in waits, never in the acceptance bounds
@@ -142,7 +142,7 @@ def test_prometheus_scrapes_the_controller_and_every_engine(lab: Lab) -> None:
 
 def test_the_lab_prometheus_loads_the_target_rules_and_follows_a_target_change(
         lab: Lab) -> None:
-    from controller import alerts
+    from controller.obs import alerts
 
     groups = httpx.get(f"{lab.prom.url}/api/v1/rules", timeout=5).json()["data"]["groups"]
     [group] = [g for g in groups if g["name"] == alerts.GROUP]

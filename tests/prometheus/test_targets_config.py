@@ -13,9 +13,10 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from controller import prometheus, serve
+from controller.cli import serve
 from controller.config import PrometheusSettings, Settings
 from controller.models import Instance, InstanceState, Role
+from controller.obs import prometheus
 
 S = InstanceState
 
@@ -66,7 +67,7 @@ def test_duration(seconds: float, text: str) -> None:
 
 def test_generated_config_passes_promtool(tmp_path: Path, promtool: str) -> None:
     interval = PrometheusSettings().scrape_interval_s
-    assert interval == 10.0  # bounds Prometheus's target changes (controller/prometheus.py)
+    assert interval == 10.0  # bounds Prometheus's target changes (controller/obs/prometheus.py)
     path = prometheus.write_config(tmp_path, "127.0.0.1:8080", interval)
     prometheus.write_json_atomic(prometheus.targets_path(tmp_path), prometheus.engine_targets(
         [inst("decode-1", S.READY, "http://127.0.0.1:9001")]))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from controller import advisor, profiles
 from controller.models import RequestPath, RequestRecord
+from controller.sizing import advisor
+from pdctl_api import profiles
 
 
 @pytest.mark.parametrize(("params_b", "isl", "expected"), [

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from controller import cli, client_cli
 from controller.api.app import ensure_token
 from controller.api.state import AppState
+from controller.cli import clients
+from controller.cli import commands as cli
 from controller.models import Role
 from pdctl_api.client import PdctlClient
 from tests.unit.api_app import app_state, through
@@ -33,10 +34,10 @@ def pdctl(app_state: App, monkeypatch: pytest.MonkeyPatch,
 
     def connect(args: argparse.Namespace) -> PdctlClient:
         assert args.token == st.token
-        return PdctlClient(args.controller, args.token, actor=client_cli.ACTOR,
+        return PdctlClient(args.controller, args.token, actor=clients.ACTOR,
                            transport=through(tc))
 
-    monkeypatch.setattr(client_cli, "connect", connect)
+    monkeypatch.setattr(clients, "connect", connect)
 
     def run(*argv: str) -> tuple[int, str, str]:
         code = cli.main([*argv, "--token", st.token])

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from controller.cli.serve import engine_attention
 from controller.config import load_settings
-from controller.cpu_features import CPU_ENGINE_DTYPE, attention_path, cpu_flags
-from controller.serve import engine_attention
+from controller.sizing.cpu_features import CPU_ENGINE_DTYPE, attention_path, cpu_flags
 
 AMX = frozenset({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8"})
 AVX512 = frozenset({"avx512f", "avx512_bf16"})

@@ -31,7 +31,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from controller import cli, console_launch, serve
+from controller.cli import commands as cli
+from controller.cli import console, serve
 from controller.config import Settings, load_settings
 from controller.errors import ConfigError
 
@@ -405,7 +406,7 @@ def check_commands(m: Manifests) -> None:
         "controller --state-dir differs from the config's controller.state_dir"
 
     d, dargs = pdctl_container(m, "dashboard")
-    assert dargs.run is console_launch.run_dashboard
+    assert dargs.run is console.run_dashboard
     assert dargs.port in {p["containerPort"] for p in d.get("ports", [])}, \
         f"console --port {dargs.port} is not a containerPort"
     assert dargs.host == "0.0.0.0", f"console --host {dargs.host}: the Service needs 0.0.0.0"

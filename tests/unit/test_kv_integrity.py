@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.kv_integrity import LeaseWatch
 from controller.launchers.base import Launched
 from controller.metrics import Metrics
 from controller.models import Instance, InstanceState, RequestPath, RequestRecord, Role
+from controller.obs.kv_integrity import LeaseWatch
 from controller.requests_log import RequestLog
 from controller.store import Store
 

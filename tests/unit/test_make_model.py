@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller import profiles
+from controller.cli.make_model import is_model_dir, make_model
 from controller.config import ModelSettings, model_profile_for
-from controller.make_model import is_model_dir, make_model
 from controller.tokens import make_counter
+from pdctl_api import profiles
 
 
 def test_same_seed_same_files_and_matching_profile(tmp_path: Path) -> None:

@@ -285,7 +285,7 @@ def test_profile_index_finds_shipped_profiles_and_extra_ones_win(tmp_path: Path)
 def test_the_shipped_sim_profiles_agree_with_the_hardware_model() -> None:
     """Prefill throughput grows with TP; decode ITL at one sequence is at least the weight
     read time (the roofline the simulator runs)."""
-    from controller import profiles as hw
+    from pdctl_api import profiles as hw
 
     idx = ProfileIndex()
     for model in ("llama-3-70b", "llama-3-8b"):
@@ -341,8 +341,8 @@ def test_gap_histogram_quantiles_within_a_bucket() -> None:
 # ---- KV capacity -----------------------------------------------------------------------------
 
 def test_kv_fit_counts_contexts_and_calls_the_tp2_decode_of_70b_tight() -> None:
-    from controller import kvfit
-    from controller import profiles as hw
+    from controller.sizing import kvfit
+    from pdctl_api import profiles as hw
 
     m, h100 = hw.model("llama-3-70b"), hw.hardware("h100-sxm")
     contexts = np.array([3000.0] * 90 + [7000.0] * 10)

@@ -1,10 +1,10 @@
-"""The domain page's numbers, pinned through ``controller.profiles``."""
+"""The domain page's numbers, pinned through ``pdctl_api.profiles``."""
 
 from __future__ import annotations
 
 import pytest
 
-from controller import profiles
+from pdctl_api import profiles
 
 L70 = profiles.model("llama-3-70b")
 H100 = profiles.hardware("h100-sxm")

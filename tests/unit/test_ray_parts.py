@@ -87,7 +87,7 @@ def test_the_launcher_and_engine_kind_are_separate_settings() -> None:
 
 def test_an_address_nobody_answers_is_refused_at_once_with_its_reason(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from controller import serve
+    from controller.cli import serve
     from controller.launchers.process import free_port
     from controller.launchers.ray import reachable
 

@@ -2,32 +2,32 @@
 
 from __future__ import annotations
 
-from controller.models import InstanceState as S
-from controller.models import Role
-from controller.reconciler import (
+from controller.fleet.reconcile import (
     Capacity,
     Drain,
-    Observed,
-    PlanInput,
+    FleetState,
+    Member,
     PoolTarget,
     Start,
     Stop,
-    plan,
+    reconcile,
 )
+from controller.models import InstanceState as S
+from controller.models import Role
 
 P, D = Role.PREFILL, Role.DECODE
 NO_PREFILL = PoolTarget(0, 4)
 
 
 def inst(iid: str, role: Role = D, tp: int = 2, state: S = S.READY, inflight: int = 0,
-         created: float = 0.0, drain_at: float | None = None) -> Observed:
-    return Observed(iid, role, tp, state, inflight, created, drain_at)
+         created: float = 0.0, drain_at: float | None = None) -> Member:
+    return Member(iid, role, tp, state, inflight, created, drain_at)
 
 
-def run(decode: PoolTarget, *instances: Observed, free: int = 100,
+def run(decode: PoolTarget, *instances: Member, free: int = 100,
         prefill: PoolTarget = NO_PREFILL, now: float = 100.0) -> list[object]:
-    return list(plan(PlanInput({P: prefill, D: decode}, instances, Capacity.with_free(free), now,
-                              30.0)))
+    return list(reconcile(FleetState({P: prefill, D: decode}, instances,
+                                     Capacity.with_free(free), now, 30.0)))
 
 
 def starts(actions: list[object]) -> int:
@@ -92,11 +92,11 @@ def test_stale_starting_instances_are_stopped() -> None:
 
 
 def test_backoff_blocks_starts_only() -> None:
-    inp = PlanInput({P: PoolTarget(0, 4), D: PoolTarget(2, 2)}, (inst("d1"),),
+    inp = FleetState({P: PoolTarget(0, 4), D: PoolTarget(2, 2)}, (inst("d1"),),
                     Capacity.with_free(100), 5.0, 30.0, backoff_until={D: 10.0})
-    assert plan(inp) == []
-    later = PlanInput(inp.targets, inp.instances, inp.capacity, 10.0, 30.0, inp.backoff_until)
-    assert starts(plan(later)) == 1
+    assert reconcile(inp) == []
+    later = FleetState(inp.targets, inp.instances, inp.capacity, 10.0, 30.0, inp.backoff_until)
+    assert starts(reconcile(later)) == 1
 
 
 def test_accelerator_budget_limits_starts() -> None:
@@ -104,7 +104,7 @@ def test_accelerator_budget_limits_starts() -> None:
 
 
 def test_roles_are_planned_independently() -> None:
-    actions = plan(PlanInput({P: PoolTarget(1, 4), D: PoolTarget(1, 2)}, (),
+    actions = reconcile(FleetState({P: PoolTarget(1, 4), D: PoolTarget(1, 2)}, (),
                              Capacity.with_free(100), 0.0, 30.0))
     assert {(a.role, a.tp) for a in actions if isinstance(a, Start)} == {(P, 4), (D, 2)}
 
@@ -113,7 +113,7 @@ def test_placement_is_decided_in_the_plan() -> None:
     """Each start carries its own slots, distinct from the used ones and from each other;
     a start that cannot be placed is not planned (never dropped later)."""
     cap = Capacity(per_node=4, nodes=2, used=frozenset({0, 1}))
-    actions = plan(PlanInput({P: PoolTarget(1, 4), D: PoolTarget(2, 2)}, (), cap, 0.0, 30.0))
+    actions = reconcile(FleetState({P: PoolTarget(1, 4), D: PoolTarget(2, 2)}, (), cap, 0.0, 30.0))
     slots = {a.role: a.slots for a in actions if isinstance(a, Start) and a.role is P}
     assert slots == {P: (4, 5, 6, 7)}
     decode = [a.slots for a in actions if isinstance(a, Start) and a.role is D]
@@ -123,4 +123,5 @@ def test_placement_is_decided_in_the_plan() -> None:
 def test_fragmented_capacity_plans_no_start() -> None:
     """Two free accelerators on two nodes hold no TP-2 instance (TP stays inside a node)."""
     cap = Capacity(per_node=2, nodes=2, used=frozenset({0, 2}))
-    assert plan(PlanInput({P: PoolTarget(0, 2), D: PoolTarget(1, 2)}, (), cap, 0.0, 30.0)) == []
+    state = FleetState({P: PoolTarget(0, 2), D: PoolTarget(1, 2)}, (), cap, 0.0, 30.0)
+    assert reconcile(state) == []

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller import profiles
 from controller.models import RequestPath
 from controller.router.accounting import KvCosts, Measured, account
+from pdctl_api import profiles
 
 MODEL = profiles.model("llama-3-8b")
 COSTS = KvCosts(MODEL, 16, profiles.link("ib-ndr"))

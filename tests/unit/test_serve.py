@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from controller import serve
-from controller.cli import build_parser
+from controller.cli import serve
+from controller.cli.commands import build_parser
 
 
 def test_lab_without_vllm_says_why_and_offers_sim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

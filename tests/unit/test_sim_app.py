@@ -204,7 +204,7 @@ async def test_kv_cache_usage_follows_running_requests() -> None:
 
 async def test_ttft_follows_the_roofline_at_the_time_scale() -> None:
     # Llama-3-70B TP=4 on H100, a 4096-token prompt: one ~0.3 s prefill step.
-    from controller import profiles
+    from pdctl_api import profiles
 
     m, hw = profiles.model("llama-3-70b"), profiles.hardware("h100-sxm")
     modelled = profiles.step_seconds(m, hw, 4, 4096, 0, [])

@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
-from controller import profiles
 from controller.engines.sim import SimEngineConfig, create_app
 from controller.engines.sim.config import KvLoadFailurePolicy
 from controller.engines.sim.engine import SimEngine
 from controller.tokens import estimate_tokens
+from pdctl_api import profiles
 
 PREFILL = SimEngineConfig(port=8200, role="prefill", model="llama-3-8b", engine_id="P",
                           time_scale=0.01, block_size=16)

@@ -23,10 +23,10 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from controller import profiles
 from controller.engines.sim import SimEngineConfig, create_app
 from controller.engines.sim.engine import SimEngine
 from controller.tokens import estimate_tokens
+from pdctl_api import profiles
 from tests.unit.test_sim_disconnect import scope, until
 
 PREFILL = SimEngineConfig(port=8500, role="prefill", model="llama-3-8b", engine_id="P",

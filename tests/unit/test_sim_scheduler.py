@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from controller import profiles
 from controller.engines.sim.cost import step_duration
 from controller.engines.sim.scheduler import Scheduler, Seq, Status, StepResult
+from pdctl_api import profiles
 
 
 def sched(blocks: int = 1000, *, seqs: int = 8, budget: int = 64, bs: int = 16,

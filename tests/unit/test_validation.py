@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from controller import profiles
 from controller.errors import InvalidChange
-from controller.models import Role
-from controller.reconciler import PoolTarget
-from controller.validation import check_change
+from controller.models import PoolTarget, Role
+from controller.sizing.fit import check_change
+from pdctl_api import profiles
 
 M70 = profiles.model("llama-3-70b")
 H100 = profiles.hardware("h100-sxm")
@@ -61,7 +60,7 @@ def test_valid_change_returns_new_targets_and_leaves_input_alone() -> None:
 
 
 def test_valid_tps_are_exactly_those_check_change_accepts() -> None:
-    from controller.validation import valid_tps
+    from controller.sizing.fit import valid_tps
 
     # 70B on H100: TP1 does not fit memory, 3/5/6/7 do not divide 64 heads and 8 KV heads.
     assert valid_tps(M70, H100, 8, Role.DECODE, other_tp=4) == [2, 4, 8]

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from controller import profiles
+from pdctl_api import profiles
 
 Role = Literal["prefill", "decode", "both"]
 KvLoadFailurePolicy = Literal["fail", "recompute"]
@@ -22,11 +22,11 @@ class SimEngineConfig:
     port: int
     host: str = "127.0.0.1"
     role: Role = "both"
-    hardware: str = "h100-sxm"  # controller.profiles.HARDWARE key
-    model: str = "llama-3-70b"  # controller.profiles.MODELS key
+    hardware: str = "h100-sxm"  # pdctl_api.profiles.HARDWARE key
+    model: str = "llama-3-70b"  # pdctl_api.profiles.MODELS key
     served_model_name: str | None = None  # name in /v1/models and responses; default: model
     tp: int = 1
-    link: str = "ib-ndr"  # controller.profiles.LINKS key, used for KV pull time
+    link: str = "ib-ndr"  # pdctl_api.profiles.LINKS key, used for KV pull time
     time_scale: float = 1.0  # wall seconds slept per modelled second
     kv_load_failure_policy: KvLoadFailurePolicy = "fail"
     max_num_seqs: int = 256

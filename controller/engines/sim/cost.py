@@ -1,8 +1,8 @@
-"""Modelled duration of one engine step, from ``controller.profiles``' roofline."""
+"""Modelled duration of one engine step, from ``pdctl_api.profiles``' roofline."""
 
 from __future__ import annotations
 
-from controller import profiles
+from pdctl_api import profiles
 
 
 def step_duration(m: profiles.ModelProfile, hw: profiles.HardwareProfile, tp: int,

@@ -22,7 +22,6 @@ import uuid
 from collections.abc import Coroutine
 from typing import Any
 
-from controller import profiles
 from controller.engines.sim.config import SimEngineConfig
 from controller.engines.sim.cost import step_duration
 from controller.engines.sim.kv_pull import PULL_TIMEOUT_S, KvPuller, KvPullError, KvRefused
@@ -30,6 +29,7 @@ from controller.engines.sim.metrics import SimMetrics
 from controller.engines.sim.protocol import ApiError, KvLoadFailure, RemoteKv, SimRequest
 from controller.engines.sim.scheduler import Handle, Scheduler, Seq, StepPlan, StepResult
 from controller.engines.sim.stream import RequestStream
+from pdctl_api import profiles
 
 # How far (wall seconds) the loop may run behind its modelled clock and still catch up by
 # shortening later sleeps: absorbs asyncio's oversleep without bursting after a long stall.

@@ -20,7 +20,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from controller import profiles
 from controller.engines.sim import responses as out
 from controller.engines.sim.config import SimEngineConfig
 from controller.engines.sim.engine import SimEngine
@@ -33,6 +32,7 @@ from controller.engines.sim.protocol import (
 )
 from controller.engines.sim.stream import RequestStream
 from controller.engines.sim.text import prompt_seed
+from pdctl_api import profiles
 
 
 @dataclass(frozen=True)

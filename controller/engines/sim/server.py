@@ -16,7 +16,6 @@ from prometheus_client import disable_created_metrics
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from controller import profiles
 from controller.engines.sim import routes
 from controller.engines.sim.config import ConfigError, SimEngineConfig, validate_config
 from controller.engines.sim.engine import SimEngine
@@ -29,6 +28,7 @@ from controller.engines.sim.kv_pull import (
 )
 from controller.engines.sim.metrics import SimMetrics
 from controller.signals import clean_stop_signals
+from pdctl_api import profiles
 
 GRACEFUL_SHUTDOWN_S = 2
 

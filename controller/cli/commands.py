@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from controller import client_cli, console_launch, make_model, profile_cli, serve
+from controller.cli import clients, console, make_model, profile, serve
 
 EPILOG = """\
 examples:
@@ -30,9 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_controller_parser(sub)
     serve.add_engine_sim_parser(sub)
     make_model.add_parser(sub)
-    profile_cli.add_parser(sub)
-    console_launch.add_dashboard_parser(sub)
-    client_cli.add_parsers(sub)
+    profile.add_parser(sub)
+    console.add_dashboard_parser(sub)
+    clients.add_parsers(sub)
     return p
 
 

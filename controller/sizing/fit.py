@@ -6,10 +6,10 @@ that to 422 and nothing is changed or recorded as applied.
 
 from __future__ import annotations
 
-from controller import placement, profiles
 from controller.errors import InvalidChange
-from controller.models import Role
-from controller.reconciler import PoolTarget
+from controller.models import PoolTarget, Role
+from controller.sizing import placement
+from pdctl_api import profiles
 
 NIXL_TP_RULE = (
     "vLLM's NixlConnector supports heterogeneous TP between prefill and decode only when the "

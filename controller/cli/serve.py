@@ -15,17 +15,18 @@ from typing import Any
 
 import uvicorn
 
-from controller import console_launch as console
-from controller import cpu_features, prometheus
 from controller.api import create_app
 from controller.api.listener import server_config
 from controller.api.state import AppState
+from controller.cli import console as console
+from controller.cli.make_model import is_model_dir, make_model
 from controller.config import Settings, deep_merge, load_settings
 from controller.errors import ConfigError, InvalidChange
 from controller.launchers.process import spawn, stop_group
-from controller.make_model import is_model_dir, make_model
 from controller.models import InstanceState, Role
+from controller.obs import prometheus
 from controller.signals import clean_stop_signals
+from controller.sizing import cpu_features
 
 SubParsers = Any  # argparse's _SubParsersAction is private
 

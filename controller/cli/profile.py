@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 
-from controller import profiles
 from controller.config import Settings, deep_merge, load_settings
 from controller.errors import ConfigError
 from controller.launchers.base import Launched, LaunchSpec
@@ -23,6 +22,7 @@ from controller.launchers.vllm import VllmEngine
 from controller.models import Role
 from controller.planner.profile import profile_key
 from controller.planner.sweep import SweepPlan, sweep
+from pdctl_api import profiles
 
 SubParsers = Any
 
@@ -75,7 +75,7 @@ def add_parser(sub: SubParsers) -> None:
 
 
 def profile_settings(args: argparse.Namespace) -> Settings:
-    from controller.serve import cpu_lab_defaults  # noqa: PLC0415 - serve imports uvicorn
+    from controller.cli.serve import cpu_lab_defaults  # noqa: PLC0415 - serve imports uvicorn
 
     base: dict[str, Any] = {"backend": "vllm"}
     over: dict[str, Any] = {"controller": {"state_dir": str(args.state_dir)},

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from controller import profiles
+from pdctl_api import profiles
 
 # Fewer concurrent contexts than this per decode instance is called out: the decode batch,
 # and with it throughput per accelerator, is then capped by memory, not compute.

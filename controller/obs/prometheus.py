@@ -36,11 +36,11 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
-from controller import alerts
 from controller.config import PrometheusSettings, Settings
 from controller.errors import PdctlError
 from controller.launchers.process import free_port, spawn, stop_group, tail
 from controller.models import Instance, InstanceState
+from controller.obs import alerts
 
 if TYPE_CHECKING:
     from controller.fleet.registry import Registry

@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from controller import kvfit, profiles
 from controller.models import RequestPath, RequestRecord
 from controller.requests_log import mean
+from controller.sizing import kvfit
+from pdctl_api import profiles
 
 DEFAULT_ISL = 2048
 DEFAULT_OSL = 512

@@ -5,7 +5,11 @@ them, persisted in the store and recorded in the audit log."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from controller.config import TargetsSettings, patched
 from controller.errors import InvalidChange
@@ -39,3 +43,22 @@ class Targets:
             self.store.record(actor, "targets.update", "targets",
                               {k: before[k] for k in changed}, changed)
         return new
+
+
+class TargetsCollector(Collector):
+    """The operator's service targets, read at scrape time: the alerting rules compare the
+    measured figures with these (controller/obs/alerts.py)."""
+
+    def __init__(self, targets: Callable[[], TargetsSettings]) -> None:
+        self._targets = targets
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        t = self._targets()
+        for name, value, doc in (
+                ("pdctl_target_ttft_p95_seconds", t.ttft_p95_ms / 1e3, "TTFT p95 target"),
+                ("pdctl_target_ttft_p99_seconds", t.ttft_p99_ms / 1e3, "TTFT p99 target"),
+                ("pdctl_target_gap_p99_seconds", t.gap_p99_ms / 1e3,
+                 "inter-token gap p99 target"),
+                ("pdctl_target_error_ratio", t.error_rate,
+                 "failed and refused requests over all requests: target")):
+            yield GaugeMetricFamily(name, f"{doc} (GET /api/v1/targets)", value=value)

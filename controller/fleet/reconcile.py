@@ -1,6 +1,6 @@
 """Pure planning: from desired pools and observed instances to a list of actions.
 
-``plan`` decides everything -- which instances start, drain and stop, where a new instance
+``reconcile`` decides everything -- which instances start, drain and stop, where a new instance
 runs (its placement slots) and whether a pool may start one at all (its backoff) -- and the
 fleet loop (``controller.fleet.loop``) only carries the actions out.
 
@@ -16,19 +16,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from controller import placement
-from controller.models import InstanceState, Role
+from controller.models import InstanceState, PoolTarget, Role
+from controller.sizing import placement
 
 
 @dataclass(frozen=True)
-class PoolTarget:
-    size: int
-    tp: int
-
-
-@dataclass(frozen=True)
-class Observed:
-    """What the planner needs to know of one instance."""
+class Member:
+    """What the reconciler needs to know of one live instance."""
 
     id: str
     role: Role
@@ -80,16 +74,16 @@ class Capacity:
 
 
 @dataclass(frozen=True)
-class PlanInput:
+class FleetState:
     targets: dict[Role, PoolTarget]
-    instances: tuple[Observed, ...]
+    instances: tuple[Member, ...]
     capacity: Capacity
     now: float
     drain_timeout_s: float
     backoff_until: Mapping[Role, float] = field(default_factory=dict)  # no start before
 
 
-def plan(inp: PlanInput) -> list[Action]:
+def reconcile(inp: FleetState) -> list[Action]:
     """Actions that move the observed instances toward the targets, for every role."""
     actions: list[Action] = []
     used = set(inp.capacity.used)
@@ -101,7 +95,7 @@ def plan(inp: PlanInput) -> list[Action]:
     return actions
 
 
-def _finish_drains(mine: Iterable[Observed], now: float, timeout: float) -> list[Action]:
+def _finish_drains(mine: Iterable[Member], now: float, timeout: float) -> list[Action]:
     out: list[Action] = []
     for i in mine:
         if i.state is not InstanceState.DRAINING:
@@ -113,16 +107,16 @@ def _finish_drains(mine: Iterable[Observed], now: float, timeout: float) -> list
     return out
 
 
-def _by_state(items: list[Observed], state: InstanceState) -> list[Observed]:
+def _by_state(items: list[Member], state: InstanceState) -> list[Member]:
     return [i for i in items if i.state is state]
 
 
-def _drain_order(items: list[Observed]) -> list[Observed]:
+def _drain_order(items: list[Member]) -> list[Member]:
     """Least loaded first, newest first among equals: the cheapest to take away."""
     return sorted(items, key=lambda i: (i.inflight, -i.created_at, i.id))
 
 
-def _plan_pool(role: Role, target: PoolTarget, mine: list[Observed], cap: Capacity,
+def _plan_pool(role: Role, target: PoolTarget, mine: list[Member], cap: Capacity,
                used: set[int], may_start: bool) -> list[Action]:
     """One pool's actions; the slots of the instances it starts are added to ``used``."""
     live = [i for i in mine if i.state in (InstanceState.STARTING, InstanceState.READY)]
