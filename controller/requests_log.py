@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from controller.models import RequestPath, RequestRecord
+from pdctl_api.stats import column_quantiles
 
 COMPONENTS = ("queue_ms", "prefill_ms", "transfer_ms", "decode_sched_ms", "overhead_ms")
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
@@ -30,7 +31,7 @@ def _summaries(columns: np.ndarray) -> list[dict[str, float]]:
     if columns.shape[0] == 0:
         return [dict.fromkeys(("p50", "p90", "p95", "p99", "mean", "max"), 0.0)
                 for _ in range(columns.shape[1])]
-    q = np.quantile(columns, QUANTILES, axis=0, method="inverted_cdf")
+    q = column_quantiles(columns, QUANTILES)
     means, maxes = columns.mean(axis=0), columns.max(axis=0)
     return [{"p50": float(q[0, k]), "p90": float(q[1, k]), "p95": float(q[2, k]),
              "p99": float(q[3, k]), "mean": float(means[k]), "max": float(maxes[k])}

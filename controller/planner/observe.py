@@ -16,6 +16,7 @@ from controller.models import Instance, Role
 from controller.planner.decide import Observed
 from controller.planner.predict import Load
 from controller.requests_log import Columns
+from pdctl_api.stats import quantile
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class Window:
 
 
 def _p95(values: np.ndarray) -> float:
-    return float(np.quantile(values, 0.95, method="inverted_cdf")) if values.size else 0.0
+    return quantile(values, 0.95) or 0.0
 
 
 def observe(w: Window, time_scale: float = 1.0) -> Observed:

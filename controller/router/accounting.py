@@ -29,6 +29,7 @@ from typing import Any
 
 from controller.models import RequestPath, RequestRecord
 from pdctl_api import profiles
+from pdctl_api.stats import quantile
 
 
 @dataclass(frozen=True)
@@ -170,9 +171,8 @@ def gap_summary(gaps: list[float] | None) -> tuple[float, float, int]:
     """(p99 gap ms, worst gap ms, gaps) of one streamed answer; zeros without gaps."""
     if not gaps:
         return 0.0, 0.0, 0
-    s = sorted(gaps)
-    p99 = s[min(len(s) - 1, max(0, -(-99 * len(s) // 100) - 1))]  # nearest rank
-    return round(p99 * 1e3, 3), round(s[-1] * 1e3, 3), len(s)
+    p99 = quantile(gaps, 0.99) or 0.0
+    return round(p99 * 1e3, 3), round(max(gaps) * 1e3, 3), len(gaps)
 
 
 def account(m: Measured, costs: KvCosts) -> RequestRecord:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from pdctl_api import profiles
+from pdctl_api.stats import quantiles
 
 # Fewer concurrent contexts than this per decode instance is called out: the decode batch,
 # and with it throughput per accelerator, is then capped by memory, not compute.
@@ -55,8 +56,7 @@ def fit(m: profiles.ModelProfile, hw: profiles.HardwareProfile, tp: int,
     cap = max(0, profiles.kv_capacity_tokens(m, hw, tp, utilization))
     observed = contexts.size > 0
     if observed:
-        p50, p99 = (float(x) for x in np.quantile(contexts, (0.5, 0.99),
-                                                  method="inverted_cdf"))
+        p50, p99 = quantiles(contexts, (0.5, 0.99)) or (default_context, default_context)
     else:
         p50 = p99 = default_context
     return KvFit(tp, cap, p50, p99, int(cap // max(p50, 1)), int(cap // max(p99, 1)),
