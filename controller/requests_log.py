@@ -254,11 +254,6 @@ def _path(c: Columns, mask: np.ndarray) -> dict[str, Any]:
             "retries": int(mine.col("retries").sum()), "ttft_ms": ttft, "transfer_ms": transfer}
 
 
-def mean(values: Iterable[float]) -> float:
-    vals = list(values)
-    return sum(vals) / len(vals) if vals else 0.0
-
-
 def timeseries(records: Columns | list[RequestRecord], window_s: float, step_s: float,
                now: float) -> list[dict[str, Any]]:
     """Per-``step_s`` buckets over the last ``window_s`` seconds, oldest first: request rate,

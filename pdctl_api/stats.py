@@ -52,3 +52,9 @@ def column_quantiles(columns: np.ndarray, qs: Sequence[float]) -> np.ndarray:
     """The ``qs`` quantiles of every column of a non-empty 2-D array at once: shape
     ``(len(qs), columns)``."""
     return np.quantile(columns, list(qs), axis=0, method=METHOD)
+
+
+def mean(values: Iterable[float]) -> float:
+    """The arithmetic mean; 0.0 without samples."""
+    vals = list(values)
+    return sum(vals) / len(vals) if vals else 0.0

@@ -18,7 +18,7 @@ from pdctl_api.client import DEFAULT_STATE_DIR, DEFAULT_URL, ApiError, PdctlClie
 from pdctl_api.schema import ClusterPublic, PoolPlanPublic, Role
 
 SubParsers = Any
-ACTOR = "pdctl-cli"
+CLI_ACTOR = "pdctl-cli"
 
 
 class CliError(Exception):
@@ -67,7 +67,7 @@ def connect(args: argparse.Namespace) -> PdctlClient:
         raise CliError(f"no API token: pass --token, set PDCTL_TOKEN, or point --state-dir at "
                        f"the controller's state directory ({args.state_dir / 'token'} not "
                        "readable)")
-    return PdctlClient(args.controller, token, actor=ACTOR, timeout_s=30.0)
+    return PdctlClient(args.controller, token, actor=CLI_ACTOR, timeout_s=30.0)
 
 
 def describe(exc: ApiError) -> str:

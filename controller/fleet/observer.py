@@ -7,7 +7,6 @@ which alone applies it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ import httpx
 
 from controller.launchers.base import Launched, Launcher
 from controller.models import Instance
+from controller.vllm_metrics import sum_series
 
 LOAD_SERIES = {
     "vllm:num_requests_running": "running",
@@ -33,7 +33,7 @@ OVERLOAD_MIN = 2  # timeouts in one sweep before "all timed out" reads as contro
 
 
 @dataclass(frozen=True)
-class Load:
+class EngineLoad:
     """One engine's /metrics, summed over its series (an engine may expose several)."""
 
     running: float = 0.0
@@ -47,22 +47,13 @@ class Load:
     nixl_failed: float = 0.0  # cumulative, vllm:nixl_num_failed_transfers (decode side)
 
     @classmethod
-    def parse(cls, text: str) -> Load:
+    def parse(cls, text: str) -> EngineLoad:
         return cls(**parse_load(text))
 
 
 def parse_load(text: str) -> dict[str, float]:
-    """Sum the load and NIXL series of a vLLM /metrics page, by ``Load`` field."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        field = LOAD_SERIES.get(name)
-        if field:
-            with contextlib.suppress(ValueError, IndexError):
-                out[field] = out.get(field, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
+    """Sum the load and NIXL series of a vLLM /metrics page, by ``EngineLoad`` field."""
+    return {LOAD_SERIES[name]: v for name, v in sum_series(text, LOAD_SERIES).items()}
 
 
 class Probe(enum.Enum):
@@ -139,10 +130,10 @@ class Observer:
             return Probe.DOWN
         return Probe.OK if r.status_code == 200 else Probe.DOWN
 
-    async def poll(self, instances: Sequence[Instance]) -> dict[str, Load]:
+    async def poll(self, instances: Sequence[Instance]) -> dict[str, EngineLoad]:
         """The parsed /metrics of each instance that answered."""
         texts = await asyncio.gather(*(self._metrics(i) for i in instances))
-        return {i.id: Load.parse(t) for i, t in zip(instances, texts, strict=True)
+        return {i.id: EngineLoad.parse(t) for i, t in zip(instances, texts, strict=True)
                 if t is not None}
 
     async def _metrics(self, inst: Instance) -> str | None:

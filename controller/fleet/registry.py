@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from controller.fleet.observer import Load
+from controller.fleet.observer import EngineLoad
 from controller.launchers.base import Launched
 from controller.launchers.process import stop_leftover
 from controller.models import Instance, InstanceState, Role
@@ -204,7 +204,7 @@ class Registry:
         if not inst.state.terminal:  # a failed instance keeps the reason it failed for
             inst.last_error = error
 
-    def apply_load(self, inst: Instance, load: Load) -> None:
+    def apply_load(self, inst: Instance, load: EngineLoad) -> None:
         """An engine's /metrics, with the mean NIXL transfer time of the transfers completed
         since the previous poll."""
         inst.running, inst.waiting, inst.kv_usage = load.running, load.waiting, load.kv_usage

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from controller.planner.predict import Load
+from controller.planner.predict import Traffic
 from controller.planner.profile import PerfProfile
 
 EPS = 1e-9
@@ -37,7 +37,7 @@ def ceil(x: float) -> int:
 
 
 @dataclass(frozen=True)
-class Targets:
+class PlannerTargets:
     ttft_ms: float  # p95 time to first token
     itl_ms: float  # p95 inter-token gap
 
@@ -69,7 +69,7 @@ class Observed:
     """One interval, in modelled time (``planner.observe``)."""
 
     requests: int  # finished ok in the interval
-    load: Load
+    load: Traffic
     ttft_p95_ms: float
     itl_p95_ms: float | None = None  # inter-token gap p95 of streamed answers
     itl_mean_ms: float | None = None  # the engines' mean ITL
@@ -99,7 +99,7 @@ class PoolNeed:
 
 
 @dataclass(frozen=True)
-class Decision:
+class ScaleDecision:
     prefill: int
     decode: int
     reasons: tuple[str, ...]
@@ -115,7 +115,7 @@ def _clamp(ratio: float) -> float:
     return min(MAX_CORRECTION, max(1 / MAX_CORRECTION, ratio))
 
 
-def size_prefill(obs: Observed, load: Load, prof: PerfProfile, targets: Targets,
+def size_prefill(obs: Observed, load: Traffic, prof: PerfProfile, targets: PlannerTargets,
                  current: int, util: float) -> PoolNeed:
     ttft_prof, per_inst = prof.prefill_at(load.prompt_tokens)
     demand = load.prefill_tokens_per_s * obs.disagg_token_share
@@ -147,7 +147,7 @@ def size_prefill(obs: Observed, load: Load, prof: PerfProfile, targets: Targets,
                             current, util, "prefill")
 
 
-def size_decode(obs: Observed, load: Load, prof: PerfProfile, targets: Targets,
+def size_decode(obs: Observed, load: Traffic, prof: PerfProfile, targets: PlannerTargets,
                 current: int, util: float) -> PoolNeed:
     context = load.prompt_tokens + load.output_tokens / 2
     corr = 1.0
@@ -265,14 +265,14 @@ def _fit_budget(p: int, d: int, pn: PoolNeed, dn: PoolNeed, pools: Pools, bounds
     return p, d
 
 
-def decide(obs: Observed | None, load: Load | None, prefill_profile: PerfProfile,
-           decode_profile: PerfProfile, targets: Targets, bounds: Bounds, pools: Pools,
-           stability: Stability, min_requests: int = 10) -> Decision:
+def decide(obs: Observed | None, load: Traffic | None, prefill_profile: PerfProfile,
+           decode_profile: PerfProfile, targets: PlannerTargets, bounds: Bounds, pools: Pools,
+           stability: Stability, min_requests: int = 10) -> ScaleDecision:
     """The recommended pool sizes and why; ``hold`` says why they should not be applied now
     (no data, a change still converging, a scale-down within the cooldown)."""
     if obs is None or load is None or obs.requests < min_requests:
         n = 0 if obs is None else obs.requests
-        return Decision(pools.prefill, pools.decode, (),
+        return ScaleDecision(pools.prefill, pools.decode, (),
                         hold=f"no data: {n} finished requests in the interval "
                              f"(at least {min_requests} needed)")
     util = stability.scale_down_utilization
@@ -293,4 +293,4 @@ def decide(obs: Observed | None, load: Load | None, prefill_profile: PerfProfile
     elif stability.cooling_down and (p < pools.prefill or d < pools.decode):
         reasons.append("cooldown: no pool shrinks within the cooldown after the last change")
         p, d = max(p, pools.prefill), max(d, pools.decode)
-    return Decision(p, d, tuple(reasons), hold, pn, dn)
+    return ScaleDecision(p, d, tuple(reasons), hold, pn, dn)

@@ -14,7 +14,7 @@ import numpy as np
 
 from controller.models import Instance, Role
 from controller.planner.decide import Observed
-from controller.planner.predict import Load
+from controller.planner.predict import Traffic
 from controller.requests_log import Columns
 from pdctl_api.stats import quantile
 
@@ -60,7 +60,7 @@ def observe(w: Window, time_scale: float = 1.0) -> Observed:
                 else float(isl.mean()) if n else 0.0)
     return Observed(
         requests=n,
-        load=Load(request_rate=rate, prompt_tokens=isl_mean,
+        load=Traffic(request_rate=rate, prompt_tokens=isl_mean,
                   output_tokens=float(osl.mean()) if n else 0.0),
         ttft_p95_ms=_p95(ok.col("ttft_ms")) / s,
         itl_p95_ms=None if w.gap_p95_s is None else w.gap_p95_s * 1e3 / s,

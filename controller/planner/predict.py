@@ -61,7 +61,7 @@ def make(name: PredictorName) -> Predictor:
 
 
 @dataclass(frozen=True)
-class Load:
+class Traffic:
     """A load over one interval (modelled time): requests/s and mean tokens per request."""
 
     request_rate: float
@@ -78,19 +78,19 @@ class Load:
 
 
 class LoadPredictor:
-    """One predictor per quantity of ``Load``."""
+    """One predictor per quantity of ``Traffic``."""
 
     def __init__(self, name: PredictorName) -> None:
         self.name = name
         self._rate, self._isl, self._osl = make(name), make(name), make(name)
 
-    def update(self, load: Load) -> None:
+    def update(self, load: Traffic) -> None:
         self._rate.update(load.request_rate)
         self._isl.update(load.prompt_tokens)
         self._osl.update(load.output_tokens)
 
-    def predict(self) -> Load | None:
+    def predict(self) -> Traffic | None:
         rate, isl, osl = self._rate.predict(), self._isl.predict(), self._osl.predict()
         if rate is None or isl is None or osl is None:
             return None
-        return Load(rate, isl, osl)
+        return Traffic(rate, isl, osl)

@@ -24,7 +24,14 @@ from controller.errors import InvalidChange
 from controller.fleet import Fleet
 from controller.metrics import Metrics
 from controller.models import InstanceState, Role
-from controller.planner.decide import Bounds, Decision, Pools, Stability, Targets, decide
+from controller.planner.decide import (
+    Bounds,
+    PlannerTargets,
+    Pools,
+    ScaleDecision,
+    Stability,
+    decide,
+)
 from controller.planner.observe import Window, observe, observed_json, ready
 from controller.planner.predict import LoadPredictor, PredictorName
 from controller.planner.profile import PerfProfile, ProfileIndex, profile_key
@@ -34,7 +41,7 @@ from controller.store import Store
 log = logging.getLogger("pdctl.planner")
 HISTORY = 720  # decisions kept (a day at 120 s)
 STUCK_INTERVALS = 3  # a change still starting after this many intervals holds nothing back
-ACTOR = "planner"
+PLANNER_ACTOR = "planner"
 
 
 @dataclass
@@ -233,9 +240,9 @@ class Planner:
         if pp is None or dp is None:
             return Plan(now, self.live.mode, current, current, (), self.problem(),
                         observed_json(obs), None)
-        decision: Decision = decide(
+        decision: ScaleDecision = decide(
             obs if obs.requests >= min_requests else None, pred, pp, dp,
-            Targets(self.live.ttft_ms, self.live.itl_ms), self.bounds(), pools,
+            PlannerTargets(self.live.ttft_ms, self.live.itl_ms), self.bounds(), pools,
             self._stability(now), min_requests)
         if decision.hold and decision.hold.startswith("no data"):
             decision = replace(decision, hold=decision.hold.replace(
@@ -257,7 +264,8 @@ class Planner:
         try:
             for role in order:
                 if plan.recommended[role.value] != plan.current[role.value]:
-                    self.fleet.set_pool(role, plan.recommended[role.value], None, ACTOR, detail)
+                    self.fleet.set_pool(role, plan.recommended[role.value], None,
+                                        PLANNER_ACTOR, detail)
         except InvalidChange as exc:
             log.warning("planner: change refused: %s", exc)
             return replace(plan, error=f"refused: {exc}")

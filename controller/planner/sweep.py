@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,8 @@ from dataclasses import dataclass
 import httpx
 
 from controller.planner.profile import DecodePoint, PerfProfile, PrefillPoint
+from controller.vllm_metrics import sum_series
+from pdctl_api.stats import quantile
 
 Say = Callable[[str], None]
 
@@ -72,11 +73,7 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int
 async def engine_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
     """The engine's own counters this sweep reads (vLLM's names; the simulator's too)."""
     text = (await client.get(f"{url}/metrics")).text
-    out = dict.fromkeys(COUNTERS, 0.0)
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in out:
-            out[name] += float(line.rsplit(" ", 1)[1])
+    out = dict.fromkeys(COUNTERS, 0.0) | sum_series(text, COUNTERS)
     out["t"] = time.perf_counter()
     return out
 
@@ -131,7 +128,7 @@ async def prefill_points(client: httpx.AsyncClient, url: str, model: str, plan: 
             t0 = time.perf_counter()
             await _one(client, url, model, token_prompt(n, plan.vocab, rng), 1, False)
             samples.append((time.perf_counter() - t0) / scale)
-        ttft = statistics.median(samples)
+        ttft = quantile(samples, 0.5) or 0.0
         out.append(PrefillPoint(n, round(ttft * 1e3, 3), round(n / ttft, 1)))
         say(f"  prefill {n:>6} tokens: TTFT {ttft * 1e3:9.1f} ms, {n / ttft:12,.0f} tokens/s")
     return out

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from controller.errors import BadRequest
-from controller.router.upstream import Reply
+from controller.router.upstream import UpstreamReply
 
 NULL_KV_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False,
                   "remote_engine_id": None, "remote_block_ids": None,
@@ -78,7 +78,7 @@ def client_answer(content: bytes) -> bytes:
     return orjson.dumps(data)
 
 
-def prefill_answer(reply: Reply) -> dict[str, Any] | None:
+def prefill_answer(reply: UpstreamReply) -> dict[str, Any] | None:
     """A successful prefill answer, parsed, when it carries ``kv_transfer_params`` (a dict);
     else None."""
     if reply.status != 200:

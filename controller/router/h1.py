@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from controller.router.upstream import Reply, UpstreamError
+from controller.router.upstream import UpstreamError, UpstreamReply
 
 HIGH_WATER = 1 << 20
 
@@ -289,10 +289,10 @@ class H1Upstream:
         return _Response(self, key, conn)
 
     async def post(self, url: str, payload: bytes, headers: Mapping[str, str],
-                   resend: bool = True) -> Reply:
+                   resend: bool = True) -> UpstreamReply:
         resp = await self.open(url, payload, headers, resend)
         try:
-            return Reply(resp.status, await resp.read())
+            return UpstreamReply(resp.status, await resp.read())
         finally:
             resp.close()
 

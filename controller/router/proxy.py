@@ -66,7 +66,7 @@ from controller.router.bodies import (
 )
 from controller.router.request import Ctx, PrefillDone, new_request_id
 from controller.router.table import Lease, RoutingTable
-from controller.router.upstream import Reply, Stream, Upstream, UpstreamError
+from controller.router.upstream import Stream, Upstream, UpstreamError, UpstreamReply
 from controller.router.validate import Limits, check
 from controller.tokens import TokenCounter
 from pdctl_api import profiles
@@ -339,7 +339,7 @@ class Proxy:
         return None
 
     async def _prefill_hop(self, ctx: Ctx, inst: Instance, payload: bytes,
-                           lease: Lease | None = None) -> Reply | None:
+                           lease: Lease | None = None) -> UpstreamReply | None:
         """POST the prefill hop, counted in ``inst``'s in-flight requests (``lease``, or a new
         one). If the client leaves meanwhile, the hop is left to finish and whatever KV it
         holds is released: aborting it instead would race with its end, and an answer lost
@@ -362,7 +362,7 @@ class Proxy:
             if lease is not None:
                 lease.release()
 
-    async def _release_after(self, hop: asyncio.Future[Reply], lease: Lease,
+    async def _release_after(self, hop: asyncio.Future[UpstreamReply], lease: Lease,
                              decode: Instance | None, rid: str) -> None:
         with lease:
             try:

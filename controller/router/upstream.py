@@ -24,7 +24,7 @@ class UpstreamError(Exception):
 
 
 @dataclass
-class Reply:
+class UpstreamReply:
     status: int
     body: bytes
 
@@ -53,7 +53,7 @@ class Upstream(Protocol):
     cancelled before then knows the engine never saw it."""
 
     async def post(self, url: str, payload: bytes, headers: Mapping[str, str],
-                   resend: bool = True) -> Reply: ...
+                   resend: bool = True) -> UpstreamReply: ...
 
     async def open(self, url: str, payload: bytes, headers: Mapping[str, str],
                    resend: bool = True, on_sent: Callable[[], None] | None = None

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from controller.models import RequestPath, RequestRecord
-from controller.requests_log import mean
 from controller.sizing import kvfit
 from pdctl_api import profiles
+from pdctl_api.stats import mean
 
 DEFAULT_ISL = 2048
 DEFAULT_OSL = 512

@@ -19,7 +19,7 @@ from controller.requests_log import RequestLog
 from controller.router.proxy import Proxy
 from controller.router.request import Ctx
 from controller.router.table import RoutingTable
-from controller.router.upstream import Reply, UpstreamError
+from controller.router.upstream import UpstreamError, UpstreamReply
 from controller.store import Store
 from controller.tokens import EstimatingCounter
 
@@ -125,9 +125,9 @@ class FakeEngines:
         return answer
 
     async def post(self, url: str, payload: bytes, headers: Mapping[str, str],
-                   resend: bool = True) -> Reply:
+                   resend: bool = True) -> UpstreamReply:
         a = await self._run(url, payload, resend)
-        return Reply(a.status, await a.read())
+        return UpstreamReply(a.status, await a.read())
 
     async def open(self, url: str, payload: bytes, headers: Mapping[str, str],
                    resend: bool = True, on_sent: Callable[[], None] | None = None) -> Answer:

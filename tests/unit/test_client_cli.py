@@ -34,7 +34,7 @@ def pdctl(app_state: App, monkeypatch: pytest.MonkeyPatch,
 
     def connect(args: argparse.Namespace) -> PdctlClient:
         assert args.token == st.token
-        return PdctlClient(args.controller, args.token, actor=clients.ACTOR,
+        return PdctlClient(args.controller, args.token, actor=clients.CLI_ACTOR,
                            transport=through(tc))
 
     monkeypatch.setattr(clients, "connect", connect)

@@ -14,14 +14,14 @@ from controller.models import RequestPath, RequestRecord
 from controller.planner.decide import (
     Bounds,
     Observed,
+    PlannerTargets,
     Pools,
     Stability,
-    Targets,
     ceil,
     decide,
 )
 from controller.planner.observe import Window, observe
-from controller.planner.predict import Constant, Holt, Load, LoadPredictor
+from controller.planner.predict import Constant, Holt, LoadPredictor, Traffic
 from controller.planner.profile import (
     DecodePoint,
     PerfProfile,
@@ -41,22 +41,22 @@ PROFILE = PerfProfile(
             DecodePoint(1, 4000, 22.0, 45.5), DecodePoint(8, 4000, 30.0, 266.7),
             DecodePoint(32, 4000, 55.0, 581.8)),
     kv_capacity_tokens=1_000_000)
-TARGETS = Targets(ttft_ms=1000.0, itl_ms=50.0)
+TARGETS = PlannerTargets(ttft_ms=1000.0, itl_ms=50.0)
 BOUNDS = Bounds(min_prefill=1, max_prefill=16, min_decode=1, max_decode=16)
 POOLS = Pools(prefill=2, prefill_tp=2, decode=2, decode_tp=2)
 CALM = Stability()
 
 
 def obs(rate: float, isl: float = 1000, osl: float = 100, **kw: float) -> Observed:
-    base = {"requests": 100, "load": Load(rate, isl, osl), "ttft_p95_ms": 300.0,
+    base = {"requests": 100, "load": Traffic(rate, isl, osl), "ttft_p95_ms": 300.0,
             "itl_p95_ms": 30.0}
     base.update(kw)
     return Observed(**base)  # type: ignore[arg-type]
 
 
 def run(o: Observed | None, pools: Pools = POOLS, bounds: Bounds = BOUNDS,
-        stability: Stability = CALM, load: Load | None = None, profile: PerfProfile = PROFILE,
-        targets: Targets = TARGETS):
+        stability: Stability = CALM, load: Traffic | None = None, profile: PerfProfile = PROFILE,
+        targets: PlannerTargets = TARGETS):
     return decide(o, load or (o.load if o else None), profile, profile, targets, bounds,
                   pools, stability)
 
@@ -208,7 +208,7 @@ def test_hold_while_converging_and_no_shrink_within_the_cooldown() -> None:
     assert any("cooldown" in r for r in d.reasons)
 
 
-@pytest.mark.parametrize("o", [None, Observed(3, Load(1, 100, 10), 100.0)])
+@pytest.mark.parametrize("o", [None, Observed(3, Traffic(1, 100, 10), 100.0)])
 def test_no_decision_without_data(o: Observed | None) -> None:
     d = run(o)
     assert (d.prefill, d.decode) == (POOLS.prefill, POOLS.decode)
@@ -216,7 +216,7 @@ def test_no_decision_without_data(o: Observed | None) -> None:
 
 
 def test_a_target_below_the_profiled_prefill_time_is_called_unreachable() -> None:
-    d = run(obs(10, isl=4000, prefill_queue_p95_ms=100.0), targets=Targets(500.0, 50.0))
+    d = run(obs(10, isl=4000, prefill_queue_p95_ms=100.0), targets=PlannerTargets(500.0, 50.0))
     assert any("more instances cannot meet it" in r for r in d.reasons)
 
 
@@ -247,9 +247,9 @@ def test_holt_follows_a_ramp_and_never_goes_negative() -> None:
 def test_load_predictor_predicts_each_quantity() -> None:
     lp = LoadPredictor("constant")
     assert lp.predict() is None
-    lp.update(Load(10, 3000, 150))
-    assert lp.predict() == Load(10, 3000, 150)
-    assert Load(10, 3000, 150).prefill_tokens_per_s == 30_000
+    lp.update(Traffic(10, 3000, 150))
+    assert lp.predict() == Traffic(10, 3000, 150)
+    assert Traffic(10, 3000, 150).prefill_tokens_per_s == 30_000
 
 
 # ---- profiles --------------------------------------------------------------------------------

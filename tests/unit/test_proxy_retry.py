@@ -12,7 +12,7 @@ import pytest
 from controller.metrics import Metrics
 from controller.requests_log import RequestLog
 from controller.router.proxy import Proxy
-from controller.router.upstream import Reply, UpstreamError
+from controller.router.upstream import UpstreamError, UpstreamReply
 from controller.tokens import EstimatingCounter
 from tests.unit.fake_engines import make_table, serve
 
@@ -49,7 +49,7 @@ class FlakyEngine:
         self.calls: list[str] = []
 
     async def post(self, url: str, payload: bytes, headers: Mapping[str, str],
-                   resend: bool = True) -> Reply:
+                   resend: bool = True) -> UpstreamReply:
         raise AssertionError("no prefill hop expected")
 
     async def open(self, url: str, payload: bytes, headers: Mapping[str, str],
@@ -72,7 +72,7 @@ async def test_a_request_cancelled_during_its_prefill_hop_is_recorded_disaggrega
 
     class SlowPrefill(FlakyEngine):
         async def post(self, url: str, payload: bytes, headers: Mapping[str, str],
-                       resend: bool = True) -> Reply:
+                       resend: bool = True) -> UpstreamReply:
             await gate.wait()
             raise UpstreamError("the engine aborted the request")
 

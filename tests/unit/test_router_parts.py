@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from controller.fleet.observer import Load, parse_load
+from controller.fleet.observer import EngineLoad, parse_load
 from controller.fleet.registry import Registry
 from controller.models import Instance, RequestPath, RequestRecord, Role
 from controller.requests_log import RequestLog, percentiles, stats
@@ -149,9 +149,9 @@ def test_streaming_decode_hop_asks_for_usage_and_relay_strips_it() -> None:
 def test_apply_load_tracks_recent_nixl_transfer_time() -> None:
     inst = instances(1)[0]
     registry = Registry(None, lambda: 0.0)  # type: ignore[arg-type]  # no transitions here
-    registry.apply_load(inst, Load(running=2, nixl_xfers=4, nixl_xfer_s=0.04, nixl_bytes=4e6))
+    registry.apply_load(inst, EngineLoad(running=2, nixl_xfers=4, nixl_xfer_s=0.04, nixl_bytes=4e6))
     assert inst.running == 2 and inst.recent_xfer_ms == 10.0
-    registry.apply_load(inst, Load(nixl_xfers=6, nixl_xfer_s=0.10, nixl_bytes=6e6))
+    registry.apply_load(inst, EngineLoad(nixl_xfers=6, nixl_xfer_s=0.10, nixl_bytes=6e6))
     assert abs(inst.recent_xfer_ms - 30.0) < 1e-9  # (0.10 - 0.04) / 2 transfers
-    registry.apply_load(inst, Load(nixl_xfers=6, nixl_xfer_s=0.10, nixl_bytes=6e6))
+    registry.apply_load(inst, EngineLoad(nixl_xfers=6, nixl_xfer_s=0.10, nixl_bytes=6e6))
     assert abs(inst.recent_xfer_ms - 30.0) < 1e-9  # no new transfers: keep the last mean

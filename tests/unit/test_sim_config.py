@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from controller.engines.sim import (
-    ConfigError,
+    SimConfigError,
     SimEngineConfig,
     add_arguments,
     config_from_args,
@@ -61,12 +61,12 @@ def test_defaults_follow_the_interface() -> None:
 ])
 def test_bad_values_are_named(argv: list[str], fragment: str) -> None:
     args = parse("--port", "9001", "--tp", "2", *argv)
-    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(")):
+    with pytest.raises(SimConfigError, match=fragment.replace("(", r"\(")):
         config_from_args(args)
 
 
 def test_create_app_refuses_a_config_that_does_not_fit() -> None:
-    with pytest.raises(ConfigError, match="does not fit|needs"):
+    with pytest.raises(SimConfigError, match="does not fit|needs"):
         create_app(SimEngineConfig(port=1))
 
 

@@ -5,11 +5,11 @@ including the NixlConnector handshake, with timing from a roofline model under c
 batching. See ``docs/engine-sim.md``.
 """
 
-from controller.engines.sim.config import ConfigError, SimEngineConfig, validate_config
+from controller.engines.sim.config import SimConfigError, SimEngineConfig, validate_config
 from controller.engines.sim.server import add_arguments, config_from_args, create_app, run_from_args
 
 __all__ = [
-    "ConfigError",
+    "SimConfigError",
     "SimEngineConfig",
     "add_arguments",
     "config_from_args",

@@ -9,11 +9,11 @@ from typing import Literal
 
 from pdctl_api import profiles
 
-Role = Literal["prefill", "decode", "both"]
+EngineRole = Literal["prefill", "decode", "both"]
 KvLoadFailurePolicy = Literal["fail", "recompute"]
 
 
-class ConfigError(ValueError):
+class SimConfigError(ValueError):
     """A configuration value is invalid; the message names the field and the known choices."""
 
 
@@ -21,7 +21,7 @@ class ConfigError(ValueError):
 class SimEngineConfig:
     port: int
     host: str = "127.0.0.1"
-    role: Role = "both"
+    role: EngineRole = "both"
     hardware: str = "h100-sxm"  # pdctl_api.profiles.HARDWARE key
     model: str = "llama-3-70b"  # pdctl_api.profiles.MODELS key
     served_model_name: str | None = None  # name in /v1/models and responses; default: model
@@ -54,17 +54,17 @@ class SimEngineConfig:
 
 def _known(table: Mapping[str, object], kind: str, name: str) -> None:
     if name not in table:
-        raise ConfigError(f"unknown {kind} {name!r}; known: {', '.join(sorted(table))}")
+        raise SimConfigError(f"unknown {kind} {name!r}; known: {', '.join(sorted(table))}")
 
 
 def _positive(name: str, value: float, minimum: float, strict: bool = False) -> None:
     if not value >= minimum or (strict and value == minimum):  # NaN fails too
         relation = ">" if strict else ">="
-        raise ConfigError(f"{name} must be {relation} {minimum}, got {value}")
+        raise SimConfigError(f"{name} must be {relation} {minimum}, got {value}")
 
 
 def validate_config(cfg: SimEngineConfig) -> None:
-    """Raise ``ConfigError`` unless ``cfg`` names known profiles and the model fits at its TP.
+    """Raise ``SimConfigError`` unless ``cfg`` names known profiles and the model fits at its TP.
 
     A model that does not fit is refused like a real vLLM start would fail (out of memory),
     rather than simulated on memory the accelerators do not have.
@@ -73,13 +73,13 @@ def validate_config(cfg: SimEngineConfig) -> None:
     _known(profiles.MODELS, "model", cfg.model)
     _known(profiles.LINKS, "link", cfg.link)
     if cfg.role not in ("prefill", "decode", "both"):
-        raise ConfigError(f"unknown role {cfg.role!r}; known: both, decode, prefill")
+        raise SimConfigError(f"unknown role {cfg.role!r}; known: both, decode, prefill")
     if cfg.kv_load_failure_policy not in ("fail", "recompute"):
-        raise ConfigError(f"unknown kv_load_failure_policy {cfg.kv_load_failure_policy!r}; "
+        raise SimConfigError(f"unknown kv_load_failure_policy {cfg.kv_load_failure_policy!r}; "
                           "known: fail, recompute")
     _positive("port", cfg.port, 0)
     if cfg.port > 65535:
-        raise ConfigError(f"port must be <= 65535, got {cfg.port}")
+        raise SimConfigError(f"port must be <= 65535, got {cfg.port}")
     for name, value in (("tp", cfg.tp), ("max_num_seqs", cfg.max_num_seqs),
                         ("max_num_batched_tokens", cfg.max_num_batched_tokens),
                         ("block_size", cfg.block_size)):
@@ -87,9 +87,9 @@ def validate_config(cfg: SimEngineConfig) -> None:
     _positive("time_scale", cfg.time_scale, 0.0, strict=True)
     _positive("kv_lease_duration_s", cfg.kv_lease_duration_s, 0.0, strict=True)
     if math.isinf(cfg.kv_lease_duration_s):
-        raise ConfigError("kv_lease_duration_s must be finite")
+        raise SimConfigError("kv_lease_duration_s must be finite")
     _positive("startup_delay_s", cfg.startup_delay_s, 0.0)
     problem = profiles.fit_problem(profiles.model(cfg.model), profiles.hardware(cfg.hardware),
                                    cfg.tp)
     if problem:
-        raise ConfigError(f"{problem}; raise --tp or choose other hardware")
+        raise SimConfigError(f"{problem}; raise --tp or choose other hardware")

@@ -26,7 +26,7 @@ from controller.engines.sim.config import SimEngineConfig
 from controller.engines.sim.cost import step_duration
 from controller.engines.sim.kv_pull import PULL_TIMEOUT_S, KvPuller, KvPullError, KvRefused
 from controller.engines.sim.metrics import SimMetrics
-from controller.engines.sim.protocol import ApiError, KvLoadFailure, RemoteKv, SimRequest
+from controller.engines.sim.protocol import EngineError, KvLoadFailure, RemoteKv, SimRequest
 from controller.engines.sim.scheduler import Handle, Scheduler, Seq, StepPlan, StepResult
 from controller.engines.sim.stream import RequestStream
 from pdctl_api import profiles
@@ -122,7 +122,7 @@ class SimEngine:
             remote = self._remote.pop(seq_id, None)
             if remote is not None:  # never read: vLLM's request_finished notifies the prefill
                 self._release(remote)
-        stream.finish(ApiError("request aborted: the client disconnected", 499,
+        stream.finish(EngineError("request aborted: the client disconnected", 499,
                                "RequestAborted"))
         self._kick()
 

@@ -45,7 +45,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from controller.engines.sim.config import ConfigError
+from controller.engines.sim.config import SimConfigError
 from controller.engines.sim.engine import SimEngine
 from controller.engines.sim.server import (
     GRACEFUL_SHUTDOWN_S,
@@ -61,7 +61,7 @@ START_TIMEOUT_S = 10.0
 log = logging.getLogger(__name__)
 
 
-class _FlagError(ConfigError):
+class _FlagError(SimConfigError):
     pass
 
 
@@ -143,12 +143,12 @@ class SimHost:
         return None
 
     async def start(self, args: list[str], log_path: str | None) -> Hosted:
-        """Start one engine from its flags; ``ConfigError`` for a bad one, ``OSError`` for a
+        """Start one engine from its flags; ``SimConfigError`` for a bad one, ``OSError`` for a
         port that cannot be bound, ``KeyError`` for an engine id already running here."""
         ns, _unknown = _parser().parse_known_args(args)
         cfg = config_from_args(ns)
         if cfg.engine_id is None:
-            raise ConfigError("--engine-id is required on a sim host")
+            raise SimConfigError("--engine-id is required on a sim host")
         old = self.engines.get(cfg.engine_id)
         if old is not None and not old.task.done():
             raise KeyError(cfg.engine_id)
@@ -258,7 +258,7 @@ def create_host_app(host: SimHost) -> Starlette:
             return _error(422, f"expected {{\"args\": [flags], \"log_path\": path}}: {exc}")
         try:
             hosted = await host.start(args, log_path)
-        except ConfigError as exc:
+        except SimConfigError as exc:
             return _error(422, f"engine-sim: {exc}")
         except KeyError as exc:
             return _error(409, f"engine {exc.args[0]} already runs on this host")

@@ -1,6 +1,6 @@
 """Reading OpenAI request bodies into ``SimRequest``, and the errors of the ``/v1`` surface.
 
-Validation lives here so routes stay thin: a bad body raises ``ApiError`` once, and the route
+Validation lives here so routes stay thin: a bad body raises ``EngineError`` once, and the route
 edge renders it in OpenAI's ``{"error": {"message", "type", "code"}}`` shape.
 """
 
@@ -15,7 +15,7 @@ DEFAULT_MAX_TOKENS = 16
 _COUNTER = EstimatingCounter()
 
 
-class ApiError(Exception):
+class EngineError(Exception):
     """An error answered to the client in OpenAI's error shape."""
 
     def __init__(self, message: str, status_code: int = 400,
@@ -30,7 +30,7 @@ class ApiError(Exception):
                           "param": None, "code": self.status_code}}
 
 
-class KvLoadFailure(ApiError):
+class KvLoadFailure(EngineError):
     """A decode hop could not load its KV and the policy is ``fail``."""
 
     def __init__(self, reason: str) -> None:
@@ -67,7 +67,7 @@ def _int_field(body: dict[str, Any], key: str, minimum: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ApiError(f"{key} must be an integer >= {minimum}, got {value!r}")
+        raise EngineError(f"{key} must be an integer >= {minimum}, got {value!r}")
     return value
 
 
@@ -76,7 +76,7 @@ def _bool_field(body: dict[str, Any], key: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise ApiError(f"{key} must be a boolean, got {value!r}")
+        raise EngineError(f"{key} must be a boolean, got {value!r}")
     return value
 
 
@@ -84,9 +84,9 @@ def _check_prompt(body: dict[str, Any], chat: bool) -> None:
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise ApiError("messages must be a non-empty list")
+            raise EngineError("messages must be a non-empty list")
         if not all(isinstance(m, dict) for m in messages):
-            raise ApiError("each message must be an object")
+            raise EngineError("each message must be an object")
         return
     prompt = body.get("prompt")
     if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(
@@ -94,7 +94,7 @@ def _check_prompt(body: dict[str, Any], chat: bool) -> None:
         return
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         return
-    raise ApiError("prompt must be a string, a list of token ids or a list of one string "
+    raise EngineError("prompt must be a string, a list of token ids or a list of one string "
                    "(the simulated engine serves one prompt per request)")
 
 
@@ -110,13 +110,13 @@ def _remote_kv(params: dict[str, Any]) -> RemoteKv:
             "remote_block_ids")
     missing = [k for k in keys if k not in params]
     if missing:
-        raise ApiError(f"kv_transfer_params with do_remote_prefill lacks {', '.join(missing)}")
+        raise EngineError(f"kv_transfer_params with do_remote_prefill lacks {', '.join(missing)}")
     engine_id, request_id, host, port, block_ids = (params[k] for k in keys)
     ok = (isinstance(engine_id, str) and isinstance(request_id, str) and isinstance(host, str)
           and isinstance(port, int) and isinstance(block_ids, list)
           and all(isinstance(b, int) for b in block_ids))
     if not ok:
-        raise ApiError("kv_transfer_params: remote_engine_id, remote_request_id and remote_host "
+        raise EngineError("kv_transfer_params: remote_engine_id, remote_request_id and remote_host "
                        "must be strings, remote_port an integer, remote_block_ids integers")
     return RemoteKv(engine_id, request_id, host, port, block_ids)
 
@@ -126,11 +126,12 @@ def _kv_params(body: dict[str, Any]) -> tuple[bool, RemoteKv | None]:
     if params is None:
         return False, None
     if not isinstance(params, dict):
-        raise ApiError("kv_transfer_params must be an object")
+        raise EngineError("kv_transfer_params must be an object")
     decode, prefill = _bool_field(params, "do_remote_decode"), _bool_field(
         params, "do_remote_prefill")
     if decode and prefill:
-        raise ApiError("kv_transfer_params: do_remote_decode and do_remote_prefill are exclusive")
+        raise EngineError(
+            "kv_transfer_params: do_remote_decode and do_remote_prefill are exclusive")
     return decode, _remote_kv(params) if prefill else None
 
 
@@ -146,7 +147,7 @@ def rejected_remote_prefill(body: Any) -> RemoteKv | None:
         return None
     try:
         return _remote_kv(params)
-    except ApiError:
+    except EngineError:
         return None
 
 
@@ -155,27 +156,27 @@ def _include_usage(body: dict[str, Any]) -> bool:
     if options is None:
         return False
     if not isinstance(options, dict):
-        raise ApiError("stream_options must be an object")
+        raise EngineError("stream_options must be an object")
     return _bool_field(options, "include_usage")
 
 
 def parse_request(body: Any, *, chat: bool, request_id: str, model_name: str,
                   max_model_len: int) -> SimRequest:
-    """Validate a completion or chat body; raise ``ApiError`` as vLLM would answer."""
+    """Validate a completion or chat body; raise ``EngineError`` as vLLM would answer."""
     if not isinstance(body, dict):
-        raise ApiError("request body must be a JSON object")
+        raise EngineError("request body must be a JSON object")
     model = body.get("model")
     if model is not None and model != model_name:
-        raise ApiError(f"The model `{model}` does not exist.", 404, "NotFoundError")
+        raise EngineError(f"The model `{model}` does not exist.", 404, "NotFoundError")
     _check_prompt(body, chat)
     if body.get("n", 1) != 1:
-        raise ApiError("n must be 1 (the simulated engine returns one choice)")
+        raise EngineError("n must be 1 (the simulated engine returns one choice)")
     max_tokens = _max_tokens(body, chat)
     prompt_tokens = _COUNTER.count(body)
     if prompt_tokens < 1:
-        raise ApiError("the prompt is empty")
+        raise EngineError("the prompt is empty")
     if prompt_tokens + max_tokens > max_model_len:
-        raise ApiError(
+        raise EngineError(
             f"This model's maximum context length is {max_model_len} tokens. However, you "
             f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
             f"{max_tokens} in the completion). Please reduce the length of the messages or "

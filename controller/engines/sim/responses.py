@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from controller.engines.sim.protocol import ApiError, SimRequest
+from controller.engines.sim.protocol import EngineError, SimRequest
 from controller.engines.sim.stream import RequestStream
 from controller.engines.sim.text import output_text, token_text
 
@@ -121,5 +121,5 @@ def usage_chunk(r: Reply) -> bytes:
     return sse(body)
 
 
-def error_chunk(err: ApiError) -> bytes:
+def error_chunk(err: EngineError) -> bytes:
     return sse(err.body())

@@ -25,7 +25,7 @@ from controller.engines.sim.config import SimEngineConfig
 from controller.engines.sim.engine import SimEngine
 from controller.engines.sim.kv_pull import KvRefused
 from controller.engines.sim.protocol import (
-    ApiError,
+    EngineError,
     SimRequest,
     parse_request,
     rejected_remote_prefill,
@@ -51,7 +51,7 @@ def _state(request: Request) -> SimState:
     return state
 
 
-def _error(err: ApiError, headers: dict[str, str]) -> JSONResponse:
+def _error(err: EngineError, headers: dict[str, str]) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status_code, headers=headers)
 
 
@@ -59,7 +59,7 @@ async def _json(request: Request) -> Any:
     try:
         return json.loads(await request.body())
     except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
-        raise ApiError(f"request body is not valid JSON: {exc}") from None
+        raise EngineError(f"request body is not valid JSON: {exc}") from None
 
 
 # ---- plain endpoints ---------------------------------------------------------------------
@@ -102,22 +102,22 @@ _STRS: _Check = (lambda v: isinstance(v, list) and all(isinstance(x, str) for x 
 
 async def _side_channel_body(request: Request, what: str,
                              fields: dict[str, _Check]) -> list[Any]:
-    """The named fields of a side-channel call, checked; ``ApiError`` (400) otherwise."""
+    """The named fields of a side-channel call, checked; ``EngineError`` (400) otherwise."""
     body = await _json(request)
     if not isinstance(body, dict):
-        raise ApiError(f"bad {what} request: the body must be a JSON object")
+        raise EngineError(f"bad {what} request: the body must be a JSON object")
     values = []
     for name, (check, kind) in fields.items():
         if name not in body:
-            raise ApiError(f"bad {what} request: {name} is missing")
+            raise EngineError(f"bad {what} request: {name} is missing")
         if not check(body[name]):
-            raise ApiError(f"bad {what} request: {name} must be {kind}")
+            raise EngineError(f"bad {what} request: {name} must be {kind}")
         values.append(body[name])
     return values
 
 
 def _refused(exc: KvRefused) -> JSONResponse:
-    return _error(ApiError(str(exc), 404, "NotFoundError"), {})
+    return _error(EngineError(str(exc), 404, "NotFoundError"), {})
 
 
 async def kv_pull(request: Request) -> JSONResponse:
@@ -130,7 +130,7 @@ async def kv_pull(request: Request) -> JSONResponse:
     try:
         seq_id, engine_id, block_ids = await _side_channel_body(request, "pull", {
             "remote_request_id": _STR, "remote_engine_id": _STR, "remote_block_ids": _INTS})
-    except ApiError as err:
+    except EngineError as err:
         return _error(err, {})
     try:
         handle = st.engine.serve_pull(seq_id, engine_id, block_ids)
@@ -148,7 +148,7 @@ async def kv_release(request: Request) -> JSONResponse:
     try:
         seq_id, engine_id = await _side_channel_body(request, "release", {
             "remote_request_id": _STR, "remote_engine_id": _STR})
-    except ApiError as err:
+    except EngineError as err:
         return _error(err, {})
     try:
         released = st.engine.serve_release(seq_id, engine_id)
@@ -163,7 +163,7 @@ async def kv_heartbeat(request: Request) -> JSONResponse:
     try:
         engine_id, seq_ids = await _side_channel_body(request, "heartbeat", {
             "remote_engine_id": _STR, "request_ids": _STRS})
-    except ApiError as err:
+    except EngineError as err:
         return _error(err, {})
     try:
         known = st.engine.serve_heartbeat(engine_id, seq_ids)
@@ -188,13 +188,13 @@ async def _generate(request: Request, chat: bool) -> Response:
     headers = {"X-Request-Id": request_id}
     try:
         body = await _json(request)
-    except ApiError as err:
+    except EngineError as err:
         return _error(err, headers)
     try:
         req = parse_request(body, chat=chat, request_id=request_id,
                             model_name=st.cfg.model_name,
                             max_model_len=profiles.model(st.cfg.model).max_model_len)
-    except ApiError as err:
+    except EngineError as err:
         remote = rejected_remote_prefill(body)
         if remote is not None:  # vLLM frees the prefill's KV of a rejected decode hop
             st.engine.reject(remote)

@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from controller.engines.sim import routes
-from controller.engines.sim.config import ConfigError, SimEngineConfig, validate_config
+from controller.engines.sim.config import SimConfigError, SimEngineConfig, validate_config
 from controller.engines.sim.engine import SimEngine
 from controller.engines.sim.kv_pull import (
     HEARTBEAT_PATH,
@@ -43,7 +43,7 @@ def create_app(cfg: SimEngineConfig, kv_transport: httpx.AsyncBaseTransport | No
     """The engine's Starlette app. ``kv_transport`` lets tests route KV pulls in-process;
     ``kv_peers`` finds prefill engines of this process, whose side channel is called directly.
 
-    Raises ``ConfigError`` for a config that names unknown profiles or does not fit.
+    Raises ``SimConfigError`` for a config that names unknown profiles or does not fit.
     """
     validate_config(cfg)
     engine_id = cfg.engine_id or uuid.uuid4().hex
@@ -107,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
-    """The validated config; ``ConfigError`` names the bad value and the known choices."""
+    """The validated config; ``SimConfigError`` names the bad value and the known choices."""
     cfg = SimEngineConfig(
         port=args.port, host=args.host, role=args.role, hardware=args.hardware,
         model=args.model, served_model_name=args.served_model_name, tp=args.tp, link=args.link,
@@ -123,7 +123,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM; 0 after a clean stop, 2 for a bad configuration."""
     try:
         cfg = config_from_args(args)
-    except ConfigError as exc:
+    except SimConfigError as exc:
         print(f"engine-sim: {exc}", file=sys.stderr)
         return 2
     # This process is the engine alone: drop the *_created series process-wide, which halves

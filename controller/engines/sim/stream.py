@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from controller.engines.sim.protocol import ApiError
+from controller.engines.sim.protocol import EngineError
 
 
 class RequestStream:
@@ -25,7 +25,7 @@ class RequestStream:
         self.last_token_at: float | None = None
         self.kv_transfer_s = 0.0
         self.num_tokens = 0
-        self.error: ApiError | None = None
+        self.error: EngineError | None = None
         self.handle_blocks: list[int] | None = None  # a prefill hop's KV, kept for a puller
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiter: asyncio.Future[None] | None = None
@@ -47,7 +47,7 @@ class RequestStream:
             self._wake()
         return gap
 
-    def finish(self, error: ApiError | None = None) -> None:
+    def finish(self, error: EngineError | None = None) -> None:
         self.error = error
         if not self.done.done():
             self.done.set_result(None)
