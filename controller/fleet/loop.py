@@ -25,14 +25,13 @@ from controller.fleet.reconcile import (
     Drain,
     FleetState,
     Member,
-    PoolTarget,
     Start,
     Stop,
     reconcile,
 )
 from controller.fleet.registry import Registry
 from controller.launchers.base import Launched, Launcher, LaunchSpec
-from controller.models import Instance, InstanceState, Role
+from controller.models import Instance, InstanceState, PoolTarget, Role
 from controller.router.table import RoutingTable
 from controller.sizing import placement
 
@@ -43,13 +42,8 @@ class Fleet:
     def __init__(self, settings: Settings, registry: Registry, desired: Desired,
                  observer: Observer, launcher: Launcher, table: RoutingTable,
                  clock: Callable[[], float]) -> None:
-        self.settings = settings
-        self.registry = registry
-        self.desired = desired
-        self.observer = observer
-        self.launcher = launcher
-        self.table = table
-        self.clock = clock
+        self.settings, self.registry, self.desired = settings, registry, desired
+        self.observer, self.launcher, self.table, self.clock = observer, launcher, table, clock
         cs = settings.controller
         self.guard = StartGuard(cs.crash_window_s, cs.quarantine_after)
         self._last_health: dict[str, float] = {}

@@ -31,18 +31,15 @@ class RoundRobin:
         return candidates[next(self._counter) % len(candidates)]
 
 
-class LeastLoaded:
-    """Fewest requests in flight (router's count) plus waiting (engine's count); ties rotate."""
+class LeastLoaded(RoundRobin):
+    """Fewest requests in flight (router's count) plus waiting (engine's count); ties rotate
+    (from where the round robin would start)."""
 
     name = "least_loaded"
 
-    def __init__(self) -> None:
-        self._counter = itertools.count()
-
     def choose(self, candidates: Sequence[Instance], inflight: Mapping[str, int]
                ) -> Instance:
-        offset = next(self._counter)
-        n = len(candidates)
+        offset, n = next(self._counter), len(candidates)
         best = candidates[offset % n]
         best_key = inflight.get(best.id, 0) + best.waiting
         for k in range(1, n):

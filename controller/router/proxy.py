@@ -38,7 +38,6 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from functools import partial
-from types import TracebackType
 from typing import Any
 
 import orjson
@@ -55,16 +54,18 @@ from controller.metrics import Metrics
 from controller.models import Instance, RequestPath, RequestRecord, Role
 from controller.requests_log import RequestLog
 from controller.router.accounting import EngineTimes, KvCosts, Measured, account
-from controller.router.answer import Answer, Buffered, Prefetched, internal_error
+from controller.router.answer import Answer, internal_error
 from controller.router.bodies import (
     client_answer,
     decode_body,
     parse_body,
     prefill_answer,
     prefill_body,
-    release_body,
 )
+from controller.router.hops import AttemptFailed, Hops
+from controller.router.release import KvRelease
 from controller.router.request import Ctx, PrefillDone, new_request_id
+from controller.router.serving import Serving
 from controller.router.table import Lease, RoutingTable
 from controller.router.upstream import Stream, Upstream, UpstreamError, UpstreamReply
 from controller.router.validate import Limits, check
@@ -75,81 +76,14 @@ log = logging.getLogger("pdctl.router")
 
 RETRY_PAUSE_S = 0.5  # times the attempt number, before retrying decode instances that failed
 MAX_REACHED_FAILURES = 2  # failed attempts per request that may have reached an engine
-RELEASE_PATH = "/v1/completions"
-
-
-class AttemptFailed(Exception):
-    """One decode attempt failed; ``reached``: the engine may have received the request;
-    ``stuck``: aborted because its first token did not come in time."""
-
-    def __init__(self, message: str, reached: bool, stuck: bool = False) -> None:
-        super().__init__(message)
-        self.reached = reached
-        self.stuck = stuck
-
-
-class Serving:
-    """``Proxy.serve``: the answer on entry; on exit the record and the releases, once.
-    A request refused before routing (its body, admission control) is answered and recorded
-    here too, and never counted in flight."""
-
-    __slots__ = ("_proxy", "_ctx", "_answer", "_admitted")
-
-    def __init__(self, proxy: Proxy, ctx: Ctx) -> None:
-        self._proxy, self._ctx = proxy, ctx
-        self._answer: Answer | None = None
-        self._admitted = False
-
-    async def __aenter__(self) -> Answer:
-        proxy = self._proxy
-        refused = self._ctx.rejection or proxy.admission()
-        if refused is not None:
-            self._answer = Answer.failure(refused)
-            return self._answer
-        proxy.inflight += 1
-        self._admitted = True
-        try:
-            self._answer = await proxy.answer(self._ctx)
-        except BaseException as exc:  # cancelled while routing: recorded, then re-raised
-            self._end(exc)
-            raise
-        return self._answer
-
-    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        self._end(exc)
-
-    def _end(self, exc: BaseException | None) -> None:
-        ctx, answer = self._ctx, self._answer
-        if answer is None:
-            status, response = "cancelled", None
-            error = "client disconnected" if isinstance(exc, asyncio.CancelledError) else (
-                internal_error(exc) if exc is not None else None)
-            if exc is not None and not isinstance(exc, asyncio.CancelledError):
-                status = "error"
-        else:
-            answer.close()
-            status, response, error = answer.result(exc)
-            if status == "cancelled" and error is None:
-                error = "client disconnected"
-        if ctx.decode_lease is not None:
-            ctx.decode_lease.release()
-        if self._admitted:
-            self._admitted = False
-            self._proxy.inflight -= 1
-        self._proxy.record(ctx, status, response, error)
 
 
 class Proxy:
     def __init__(self, settings: Settings, table: RoutingTable, upstream: Upstream,
                  counter: TokenCounter, requests: RequestLog, metrics: Metrics,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.table = table
-        self.upstream = upstream
-        self.counter = counter
-        self.requests = requests
-        self.metrics = metrics
-        self.clock = clock
+        self.table, self.upstream, self.counter = table, upstream, counter
+        self.requests, self.metrics, self.clock = requests, metrics, clock
         self._costs = KvCosts(settings.model_profile, settings.kv_block_size,
                               profiles.link(settings.hardware.kv_link))
         self._lease_s = settings.kv.lease_s
@@ -157,6 +91,8 @@ class Proxy:
         self._model = settings.model.public_name
         self._limits = Limits(settings.model.public_name, settings.context_len)
         self._background: set[asyncio.Task[None]] = set()
+        self._hops = Hops(upstream, table, metrics, self._late_s, clock)
+        self._kv = KvRelease(upstream, table, metrics, self._model)
         self.inflight = 0  # admitted client requests not yet ended
         self.refused_total = 0  # answered 429 by admission control
         # Valid requests that arrived, and their prompt tokens (the planner's arrival rate:
@@ -287,18 +223,6 @@ class Proxy:
 
     # ---- hops ------------------------------------------------------------------------
 
-    def _headers(self, ctx: Ctx) -> dict[str, str]:
-        return {"X-Request-Id": ctx.rid, "Content-Type": "application/json"}
-
-    def _sending(self, ctx: Ctx) -> float:
-        """Now; on the request's first hop also observe the routing decision's latency
-        (arrival to first hop sent: parsing, token counting, policy)."""
-        now = time.perf_counter()
-        if not ctx.routed:
-            ctx.routed = True
-            self.metrics.routing_decision.observe(now - ctx.t0)
-        return now
-
     def _assign_decode(self, ctx: Ctx, inst: Instance) -> None:
         """Make ``inst`` the request's decode instance, counted in its in-flight requests
         from now on (a draining instance waits for it)."""
@@ -320,7 +244,7 @@ class Proxy:
             if inst is None:
                 break
             tried.add(inst.id)
-            sent = self._sending(ctx)
+            sent = self._hops.sending(ctx)
             reply = await self._prefill_hop(ctx, inst, payload, lease)
             if reply is None:
                 continue
@@ -346,7 +270,7 @@ class Proxy:
         in that race leaves its blocks held for the whole lease."""
         lease = lease if lease is not None else self.table.lease(inst)
         hop = asyncio.ensure_future(
-            self.upstream.post(f"{inst.url}{ctx.endpoint}", payload, self._headers(ctx)))
+            self.upstream.post(f"{inst.url}{ctx.endpoint}", payload, self._hops.headers(ctx)))
         try:
             return await asyncio.shield(hop)
         except asyncio.CancelledError:
@@ -356,7 +280,7 @@ class Proxy:
             lease = None
             raise
         except UpstreamError as exc:
-            self._unreachable(ctx, inst, exc)
+            self._hops.unreachable(ctx, inst, exc)
             return None
         finally:
             if lease is not None:
@@ -371,7 +295,7 @@ class Proxy:
                 return  # no answer: the engine aborted the request or failed; nothing held
         data = prefill_answer(reply)
         if data is not None:
-            await self._release(data["kv_transfer_params"], decode, "client_gone", rid)
+            await self._kv.release(data["kv_transfer_params"], decode, "client_gone", rid)
 
     async def _decode_with_kv(self, ctx: Ctx, done: PrefillDone) -> Stream | None:
         """The decode hop carrying the prefill's KV handle, sent once. None: serve the
@@ -385,13 +309,13 @@ class Proxy:
             if late > self._late_s:
                 ctx.errors.append(f"decode hop {late:.1f} s after the prefill answered (limit "
                                   f"{self._late_s:g} s of a {self._lease_s} s lease)")
-                self._spawn(self._release(done.kv_params, inst, "late", ctx.rid))
+                self._spawn(self._kv.release(done.kv_params, inst, "late", ctx.rid))
                 return None
             self._assign_decode(ctx, inst)
             tried.add(inst.id)
             written: list[bool] = []
             try:
-                resp = await self._attempt(ctx, inst, payload, resend=False,
+                resp = await self._hops.attempt(ctx, inst, payload, resend=False,
                                            first_by=done.answered_at + self._late_s,
                                            on_sent=partial(written.append, True))
             except AttemptFailed as exc:
@@ -405,13 +329,13 @@ class Proxy:
                     # The client left while the hop was still connecting: no engine has the
                     # handle, so nothing would free the prefill's blocks before the lease
                     # ends. (A hop already written is aborted by the engine, which frees them.)
-                    self._spawn(self._release(done.kv_params, None, "client_gone", ctx.rid))
+                    self._spawn(self._kv.release(done.kv_params, None, "client_gone", ctx.rid))
                 raise
             else:
                 ctx.kv_handle = done.handle
                 return resp
             inst = self.table.pick(Role.DECODE, tried)
-        self._spawn(self._release(done.kv_params, ctx.decode, "decode_unavailable", ctx.rid))
+        self._spawn(self._kv.release(done.kv_params, ctx.decode, "decode_unavailable", ctx.rid))
         return None
 
     async def _colocated(self, ctx: Ctx) -> Stream:
@@ -433,7 +357,7 @@ class Proxy:
             self._assign_decode(ctx, inst)
             tried.add(inst.id)
             try:
-                return await self._attempt(ctx, inst, payload, resend=True)
+                return await self._hops.attempt(ctx, inst, payload, resend=True)
             except AttemptFailed:
                 if ctx.reached_failures >= MAX_REACHED_FAILURES:
                     break
@@ -457,105 +381,10 @@ class Proxy:
         tried again in this round; engines that died refuse the connection."""
         return self.table.pick(Role.DECODE, avoid) or self.table.pick(Role.DECODE, tried)
 
-    async def _attempt(self, ctx: Ctx, inst: Instance, payload: bytes, resend: bool,
-                       first_by: float | None = None,
-                       on_sent: Callable[[], None] | None = None) -> Stream:
-        """One decode hop to ``inst``: a stream whose first chunk is here (streaming, 200) or
-        the whole answer. Raises ``AttemptFailed`` for an unreachable engine, a lost
-        connection, a 5xx, or no first chunk by ``first_by`` (router clock)."""
-        ctx.decode_sent = self._sending(ctx)
-        try:
-            resp = await self.upstream.open(f"{inst.url}{ctx.endpoint}", payload,
-                                            self._headers(ctx), resend, on_sent)
-        except UpstreamError as exc:
-            self._unreachable(ctx, inst, exc)
-            raise self._failed(ctx, inst, str(exc), exc.sent) from None
-        if ctx.stream and resp.status == 200:
-            return await self._first_chunk(ctx, inst, resp, first_by)
-        try:
-            content = await resp.read()
-        except UpstreamError as exc:
-            self._unreachable(ctx, inst, exc)
-            raise self._failed(ctx, inst, f"{inst.id} failed before answering: {exc}",
-                               True) from None
-        finally:
-            resp.close()
-        if resp.status >= 500:
-            ctx.errors.append(f"decode {inst.id} answered {resp.status}")
-            raise self._failed(ctx, inst, f"{inst.id} answered {resp.status}", True)
-        return Buffered(resp.status, resp.content_type, content)
-
-    async def _first_chunk(self, ctx: Ctx, inst: Instance, resp: Stream,
-                           first_by: float | None) -> Stream:
-        """Wait for a stream's first chunk within its attempt: until it comes nothing has
-        reached the client, so a failure is still retried. A disaggregated hop whose first
-        token has not come by ``first_by`` is aborted: its KV read is stuck, and vLLM would
-        complete it after the prefill's lease expired, from blocks that may be reused
-        (docs/routing-and-accounting.md, "A stuck KV read")."""
-        chunks = resp.chunks().__aiter__()
-        timeout = None if first_by is None else max(0.0, first_by - self.clock())
-        try:
-            async with asyncio.timeout(timeout):  # no task of its own, unlike wait_for
-                first = await anext(chunks)
-        except StopAsyncIteration:
-            first = b""
-        except TimeoutError:
-            resp.close()  # the engine aborts the request; the late read's output is dropped
-            self.metrics.kv_stuck_reads.inc()
-            msg = (f"decode {inst.id} had no token {self._late_s:g} s after the prefill "
-                   "answered (KV read stuck); aborted")
-            ctx.errors.append(msg)
-            raise self._failed(ctx, inst, msg, True, stuck=True) from None
-        except UpstreamError as exc:
-            resp.close()
-            self._unreachable(ctx, inst, exc)
-            raise self._failed(ctx, inst, f"{inst.id} failed before its first token: {exc}",
-                               True) from None
-        except BaseException:
-            resp.close()
-            raise
-        ctx.first_at = time.perf_counter()
-        return Prefetched(resp, first, chunks)
-
-    def _failed(self, ctx: Ctx, inst: Instance, message: str, reached: bool,
-                stuck: bool = False) -> AttemptFailed:
-        ctx.retries += 1
-        if reached:
-            ctx.reached_failures += 1
-            ctx.failed_decodes.add(inst.id)
-        return AttemptFailed(message, reached, stuck)
-
-    def _unreachable(self, ctx: Ctx, inst: Instance, exc: Exception) -> None:
-        msg = f"{inst.id} unreachable: {exc}"
-        ctx.errors.append(msg)
-        self.table.report_unreachable(inst, msg)
-
-    # ---- releasing KV that will not be read ------------------------------------------
-
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    async def _release(self, kv: dict[str, Any], hint: Instance | None, reason: str,
-                       rid: str) -> None:
-        """Have a decode engine tell the prefill to free a handle's blocks; counted."""
-        inst = hint if hint is not None and not hint.state.terminal else None
-        inst = inst or self.table.pick(Role.DECODE, set())
-        outcome = "failed"
-        if inst is not None:
-            payload = orjson.dumps(release_body(self._model, kv))
-            headers = {"X-Request-Id": f"{rid}-release", "Content-Type": "application/json"}
-            try:
-                reply = await self.upstream.post(f"{inst.url}{RELEASE_PATH}", payload, headers,
-                                                 resend=False)
-                outcome = "ok" if reply.status < 500 else "failed"
-            except UpstreamError as exc:
-                log.warning("%s: releasing KV handle through %s failed: %s", rid, inst.id, exc)
-        self.metrics.kv_releases.labels(reason, outcome).inc()
-        if outcome == "failed":
-            log.warning("%s: KV handle %s not released (%s); the prefill frees it when its "
-                        "lease expires", rid, kv.get("remote_request_id"), reason)
 
     # ---- accounting --------------------------------------------------------------------
 

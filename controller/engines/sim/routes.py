@@ -120,56 +120,52 @@ def _refused(exc: KvRefused) -> JSONResponse:
     return _error(EngineError(str(exc), 404, "NotFoundError"), {})
 
 
+async def _side_channel(request: Request, what: str, fields: dict[str, _Check],
+                        serve: Callable[..., Any]) -> Any:
+    """A side-channel call served: ``serve``'s value, or the error answer (400 for a bad
+    body, 404 for a handle the engine refuses) as a ``JSONResponse``."""
+    try:
+        values = await _side_channel_body(request, what, fields)
+    except EngineError as err:
+        return _error(err, {})
+    try:
+        return serve(*values)
+    except KvRefused as exc:
+        return _refused(exc)
+
+
 async def kv_pull(request: Request) -> JSONResponse:
     """The prefill side of a read: hand a decode engine a KV handle and free it.
 
     A handle this engine no longer tracks answers ``{"stale": true}``: the read of raw
     blocks "succeeds" as in NIXL, and only this side counts and logs it.
     """
-    st = _state(request)
-    try:
-        seq_id, engine_id, block_ids = await _side_channel_body(request, "pull", {
-            "remote_request_id": _STR, "remote_engine_id": _STR, "remote_block_ids": _INTS})
-    except EngineError as err:
-        return _error(err, {})
-    try:
-        handle = st.engine.serve_pull(seq_id, engine_id, block_ids)
-    except KvRefused as exc:
-        return _refused(exc)
+    engine = _state(request).engine
+    handle = await _side_channel(request, "pull", {
+        "remote_request_id": _STR, "remote_engine_id": _STR, "remote_block_ids": _INTS},
+        engine.serve_pull)
+    if isinstance(handle, JSONResponse):
+        return handle
     if handle is None:
         return JSONResponse({"stale": True})
     return JSONResponse({"prompt_tokens": handle.prompt_tokens,
-                         "kv_bytes": st.engine.kv_bytes(handle.prompt_tokens)})
+                         "kv_bytes": engine.kv_bytes(handle.prompt_tokens)})
 
 
 async def kv_release(request: Request) -> JSONResponse:
     """A decode engine will not read a handle (vLLM's notification-only read): free it."""
-    st = _state(request)
-    try:
-        seq_id, engine_id = await _side_channel_body(request, "release", {
-            "remote_request_id": _STR, "remote_engine_id": _STR})
-    except EngineError as err:
-        return _error(err, {})
-    try:
-        released = st.engine.serve_release(seq_id, engine_id)
-    except KvRefused as exc:
-        return _refused(exc)
-    return JSONResponse({"released": released})
+    released = await _side_channel(request, "release", {
+        "remote_request_id": _STR, "remote_engine_id": _STR},
+        _state(request).engine.serve_release)
+    return released if isinstance(released, JSONResponse) else JSONResponse(
+        {"released": released})
 
 
 async def kv_heartbeat(request: Request) -> JSONResponse:
     """A decode engine still waits on these handles: extend their leases."""
-    st = _state(request)
-    try:
-        engine_id, seq_ids = await _side_channel_body(request, "heartbeat", {
-            "remote_engine_id": _STR, "request_ids": _STRS})
-    except EngineError as err:
-        return _error(err, {})
-    try:
-        known = st.engine.serve_heartbeat(engine_id, seq_ids)
-    except KvRefused as exc:
-        return _refused(exc)
-    return JSONResponse({"extended": known})
+    known = await _side_channel(request, "heartbeat", {
+        "remote_engine_id": _STR, "request_ids": _STRS}, _state(request).engine.serve_heartbeat)
+    return known if isinstance(known, JSONResponse) else JSONResponse({"extended": known})
 
 
 # ---- generation ---------------------------------------------------------------------------
