@@ -14,10 +14,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from controller.cli.args import SubParsers
 from pdctl_api.client import DEFAULT_STATE_DIR, DEFAULT_URL, ApiError, PdctlClient, read_token
 from pdctl_api.schema import ClusterPublic, PoolPlanPublic, Role
 
-SubParsers = Any
 CLI_ACTOR = "pdctl-cli"
 
 

@@ -18,8 +18,8 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
+from controller.cli.args import SubParsers
 from pdctl_api.client import DEFAULT_STATE_DIR, DEFAULT_URL
 
 
@@ -35,7 +35,6 @@ def _app_path() -> Path:
 
 APP = _app_path()
 DEFAULT_PORT = 8501
-SubParsers = Any  # argparse's _SubParsersAction is private
 
 
 def streamlit_argv(controller_url: str, state_dir: Path, port: int, host: str = "127.0.0.1",

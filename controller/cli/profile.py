@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from controller.cli.args import SubParsers
 from controller.config import Settings, deep_merge, load_settings
 from controller.errors import ConfigError
 from controller.launchers.base import Launched, LaunchSpec
@@ -23,8 +24,6 @@ from controller.models import Role
 from controller.planner.profile import profile_key
 from controller.planner.sweep import SweepPlan, sweep
 from pdctl_api import profiles
-
-SubParsers = Any
 
 SIM_SWEEP = {"prompts": [128, 512, 1024, 2048, 3072, 4096, 6144, 8000],
              "contexts": [512, 2048, 4096, 7680],

@@ -18,7 +18,8 @@ import uvicorn
 from controller.api import create_app
 from controller.api.listener import server_config
 from controller.api.state import AppState
-from controller.cli import console as console
+from controller.cli import console
+from controller.cli.args import SubParsers
 from controller.cli.make_model import is_model_dir, make_model
 from controller.config import Settings, deep_merge, load_settings
 from controller.errors import ConfigError, InvalidChange
@@ -27,8 +28,6 @@ from controller.models import InstanceState, Role
 from controller.obs import prometheus
 from controller.signals import clean_stop_signals
 from controller.sizing import cpu_features
-
-SubParsers = Any  # argparse's _SubParsersAction is private
 
 
 def _common_server_flags(p: argparse.ArgumentParser) -> None:
