@@ -29,8 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_lab_parser(sub)
     serve.add_controller_parser(sub)
     serve.add_engine_sim_parser(sub)
-    make_model.add_parser(sub)
-    profile.add_parser(sub)
+    make_model.add_make_model_parser(sub)
+    profile.add_profile_parser(sub)
     console.add_dashboard_parser(sub)
     clients.add_parsers(sub)
     return p

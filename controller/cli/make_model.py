@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from controller.cli.args import SubParsers
+
 HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, MAX_LEN = 256, 512, 4, 4, 2, 2048
 VOCAB_SIZE = 640
 SPECIALS = ["<unk>", "<s>", "</s>"]
@@ -75,7 +77,7 @@ def is_model_dir(path: Path) -> bool:
                                               "model.safetensors"))
 
 
-def add_parser(sub: Any) -> None:
+def add_make_model_parser(sub: SubParsers) -> None:
     p = sub.add_parser("make-model", help="write the small lab model",
                        description="Write a tiny Llama-architecture model (config, tokenizer, "
                                    "BF16 safetensors weights) for the CPU lab. Offline and "

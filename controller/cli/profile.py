@@ -42,7 +42,7 @@ def _ints(text: str) -> list[int]:
     return sorted(set(values))
 
 
-def add_parser(sub: SubParsers) -> None:
+def add_profile_parser(sub: SubParsers) -> None:
     p = sub.add_parser(
         "profile", help="measure one engine; write its performance profile for the planner",
         description="Start one engine of the configured backend, model and accelerator at "

@@ -88,7 +88,7 @@ def sse(data: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
 
-DONE = b"data: [DONE]\n\n"
+DONE_EVENT = b"data: [DONE]\n\n"
 
 
 def role_chunk(r: Reply) -> bytes:
