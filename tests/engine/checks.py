@@ -7,7 +7,10 @@ import os
 import random
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,19 @@ def lab_model(tmp: Path) -> Path:
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     return model
+
+
+@contextmanager
+def converged(ctl: ControllerProc, what: str) -> Iterator[ControllerProc]:
+    """``ctl`` once its fleet has converged (within ``START_S``; the time it took printed as
+    ``what``'s), stopped afterwards however the block ends."""
+    try:
+        t0 = time.monotonic()
+        ctl.wait_converged(timeout=START_S)
+        print(f"\n{what} ready after {time.monotonic() - t0:.0f} s")
+        yield ctl
+    finally:
+        ctl.stop()
 
 
 def lab_config(model: Path, **extra: Any) -> dict[str, Any]:

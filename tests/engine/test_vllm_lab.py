@@ -19,6 +19,7 @@ from tests.engine.checks import (
     MODEL,
     NO_EOS,
     START_S,
+    converged,
     disaggregated_equals_colocated,
     lab_config,
     lab_model,
@@ -37,13 +38,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerProc]:
     tmp = tmp_path_factory.mktemp("vllm-lab")
     ctl = start_controller(tmp, lab_config(lab_model(tmp), controller={"drain_timeout_s": 300}),
                            wait_ready=False)
-    try:
-        t0 = time.monotonic()
-        ctl.wait_converged(timeout=START_S)
-        print(f"\nreal lab 1P+1D ready after {time.monotonic() - t0:.0f} s")
+    with converged(ctl, "real lab 1P+1D"):
         yield ctl
-    finally:
-        ctl.stop()
 
 
 @pytest.fixture

@@ -31,10 +31,9 @@ import pytest
 
 from tests.integration.harness import ControllerProc, Load, start_controller
 from tests.integration.test_console_browser import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     DRAWN,
     SHOTS,
+    chromium,
     console,
     console_at,
 )
@@ -54,21 +53,10 @@ def controller(tmp_path: Path) -> Iterator[ControllerProc]:
         ctl.stop()
 
 
-@contextlib.contextmanager
-def browser(tmp_path: Path, color_scheme: str = "light") -> Iterator[Any]:
+def browser(tmp_path: Path, color_scheme: str = "light"
+            ) -> contextlib.AbstractContextManager[Any]:
     """Chromium with the operating system's ``color_scheme`` (``light`` or ``dark``)."""
-    from playwright.sync_api import sync_playwright
-
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        ctx = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1100},
-            color_scheme=color_scheme)
-        try:
-            yield ctx.new_page()
-        finally:
-            ctx.close()
+    return chromium(tmp_path, 1100, color_scheme=color_scheme)
 
 
 def open_page(page: Any, console_url: str, name: str) -> None:
@@ -121,6 +109,18 @@ def operator(page: Any, name: str) -> None:
     field.fill(name)
     field.press("Enter")
     page.wait_for_timeout(500)
+
+
+def review_change(page: Any, field: str, value: str, review: str, confirm: str) -> None:
+    """Type ``value`` in the number field ``field``, press the ``review`` button and see the
+    change's confirmation (titled ``confirm``) shown."""
+    from playwright.sync_api import expect
+
+    box = page.get_by_role("spinbutton", name=field)
+    box.fill(value)
+    box.press("Tab")
+    page.get_by_role("button", name=review).click()
+    expect(page.get_by_text(confirm)).to_be_visible(timeout=15_000)
 
 
 def number(text: str) -> float:
@@ -250,12 +250,8 @@ def test_controls_offer_valid_tps_show_capacity_and_review_a_routing_change(
         expect(options).to_have_count(3)  # only what the controller would accept
         assert options.all_inner_texts() == ["2", "4", "8"]
         page.keyboard.press("Escape")
-        threshold = page.get_by_role("spinbutton", name="disaggregate from prompt tokens")
-        threshold.fill("100000")
-        threshold.press("Tab")
-        page.get_by_role("button", name="Review routing change").click()
-        expect(page.get_by_text("Confirm — routing: disagg_min_prompt_tokens")).to_be_visible(
-            timeout=15_000)
+        review_change(page, "disaggregate from prompt tokens", "100000",
+                      "Review routing change", "Confirm — routing: disagg_min_prompt_tokens")
         expect(page.get_by_text(re.compile(r"of the last \d+ requests, \d+ \(\d+%\) had "
                                            "prompts of 256-99999 tokens"))).to_be_visible()
         assert controller.get("/routing")["disagg_min_prompt_tokens"] == 256  # not yet sent
@@ -307,12 +303,8 @@ def test_overview_health_follows_the_targets_the_operator_sets(
         # A target the fleet cannot meet, set from Controls like any change.
         open_page(page, console, "controls")
         operator(page, "carol")
-        target = page.get_by_role("spinbutton", name="TTFT p95 target (ms)")
-        target.fill("1")
-        target.press("Tab")
-        page.get_by_role("button", name="Review targets change").click()
-        expect(page.get_by_text("Confirm — targets: ttft_p95_ms")).to_be_visible(
-            timeout=15_000)
+        review_change(page, "TTFT p95 target (ms)", "1", "Review targets change",
+                      "Confirm — targets: ttft_p95_ms")
         page.get_by_role("button", name="Confirm change").click()
         expect(page.get_by_text("targets updated")).to_be_visible(timeout=15_000)
         open_page(page, console, "overview")

@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -82,16 +83,32 @@ def console(controller: ControllerProc, tmp_path: Path) -> Iterator[str]:
         yield url
 
 
+@contextlib.contextmanager
+def chromium(tmp_path: Path, height: int, **options: Any) -> Iterator[Any]:
+    """A page of Debian's Chromium, 1400 px wide and ``height`` high, in a profile under
+    ``tmp_path`` (``options``: more of Playwright's context options); closed afterwards.
+    Makes ``SHOTS`` for the page's screenshots."""
+    from playwright.sync_api import sync_playwright
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
+            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": height}, **options)
+        try:
+            yield ctx.new_page()
+        finally:
+            ctx.close()
+
+
 def ms(text: str) -> float:
     m = re.match(r"([\d.]+) ms", text.strip())
     return float(m.group(1)) if m else 0.0
 
 
 def test_console_in_chromium(controller: ControllerProc, console: str, tmp_path: Path) -> None:
-    from playwright.sync_api import Page, expect, sync_playwright
+    from playwright.sync_api import Page, expect
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    SHOTS.mkdir(parents=True, exist_ok=True)
 
     def metric(page: Page, label: str) -> float:
         card = page.locator('[data-testid="stMetric"]').filter(
@@ -112,49 +129,42 @@ def test_console_in_chromium(controller: ControllerProc, console: str, tmp_path:
         page.wait_for_load_state("networkidle")
         expect(page.get_by_text("Page not found")).to_have_count(0)
 
-    with Load(controller.url, workers=3) as load, sync_playwright() as pw:
-        ctx = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
-        try:
-            page = ctx.new_page()
-            visit(page, "overview")
-            parts = ("prefill", "KV transfer", "decode scheduling")
-            deadline = time.monotonic() + 30
-            while not all(metric(page, p) > 0 for p in parts):
-                assert time.monotonic() < deadline, {p: metric(page, p) for p in parts}
-                page.wait_for_timeout(500)
-            expect(page.locator(DRAWN)).to_have_count(5, timeout=30_000)
-            shoot(page, "overview")
+    with Load(controller.url, workers=3) as load, chromium(tmp_path, 1000) as page:
+        visit(page, "overview")
+        parts = ("prefill", "KV transfer", "decode scheduling")
+        deadline = time.monotonic() + 30
+        while not all(metric(page, p) > 0 for p in parts):
+            assert time.monotonic() < deadline, {p: metric(page, p) for p in parts}
+            page.wait_for_timeout(500)
+        expect(page.locator(DRAWN)).to_have_count(5, timeout=30_000)
+        shoot(page, "overview")
 
-            for name, charts in CHARTS.items():
-                visit(page, name)
-                if charts:
-                    page.locator(DRAWN).nth(charts - 1).wait_for(timeout=30_000)
-                else:
-                    page.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=30_000)
-                shoot(page, name)
+        for name, charts in CHARTS.items():
+            visit(page, name)
+            if charts:
+                page.locator(DRAWN).nth(charts - 1).wait_for(timeout=30_000)
+            else:
+                page.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=30_000)
+            shoot(page, name)
 
-            visit(page, "controls")
-            size = page.get_by_label("decode size")
-            size.fill("2")
-            size.press("Tab")
-            page.get_by_role("button", name="Review decode change").click()
-            confirm = page.get_by_role("button", name="Confirm change")
-            expect(page.get_by_text("decode pool: 1 x TP2 → 2 x TP2").first).to_be_visible()
-            assert controller.get("/cluster")["pools"]["decode"]["desired"]["size"] == 1
-            confirm.click()
-            expect(page.get_by_text("sent, the pool is converging")).to_be_visible()
-            controller.wait(
-                lambda: controller.get("/cluster")["pools"]["decode"]["desired"]["size"] == 2,
-                10, "desired decode size 2")
-            controller.wait_converged(timeout=60)
-            expect(page.get_by_text("desired 2 x TP2 · converged")).to_be_visible(
-                timeout=15_000)
-            page.wait_for_timeout(1000)  # progress bars animate
-            shoot(page, "controls")
-        finally:
-            ctx.close()
+        visit(page, "controls")
+        size = page.get_by_label("decode size")
+        size.fill("2")
+        size.press("Tab")
+        page.get_by_role("button", name="Review decode change").click()
+        confirm = page.get_by_role("button", name="Confirm change")
+        expect(page.get_by_text("decode pool: 1 x TP2 → 2 x TP2").first).to_be_visible()
+        assert controller.get("/cluster")["pools"]["decode"]["desired"]["size"] == 1
+        confirm.click()
+        expect(page.get_by_text("sent, the pool is converging")).to_be_visible()
+        controller.wait(
+            lambda: controller.get("/cluster")["pools"]["decode"]["desired"]["size"] == 2,
+            10, "desired decode size 2")
+        controller.wait_converged(timeout=60)
+        expect(page.get_by_text("desired 2 x TP2 · converged")).to_be_visible(
+            timeout=15_000)
+        page.wait_for_timeout(1000)  # progress bars animate
+        shoot(page, "controls")
     assert not load.result.failures, load.result.failures[:5]
     events = controller.get("/events?kind=pool.update")
     assert events[0]["actor"] == "pdctl-console"

@@ -12,12 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.harness import ControllerProc, Load, start_controller
-from tests.integration.test_console_browser import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    SHOTS,
-    console,
-)
+from tests.integration.test_console_browser import SHOTS, chromium, console
 
 __all__ = ["console"]  # the fixture, on this module's controller
 
@@ -39,47 +34,39 @@ def controller(tmp_path: Path) -> Iterator[ControllerProc]:
 def test_planner_page_applies_a_recommendation_and_changes_a_target(
         controller: ControllerProc, console: str, tmp_path: Path) -> None:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with Load(controller.url, workers=2) as load, sync_playwright() as pw:
-        ctx = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1200})
-        try:
-            page = ctx.new_page()
-            page.goto(f"{console}/planner")
-            expect(page.locator("h1").first).to_have_text("Planner", timeout=30_000)
-            expect(page.get_by_text("sim-llama-3-70b-h100-sxm-tp4").first).to_be_visible()
-            review = page.get_by_role("button", name="Review the recommendation")
-            review.wait_for(timeout=60_000)
-            page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(timeout=30_000)
-            assert controller.get("/cluster")["pools"]["prefill"]["desired"]["size"] == 1
-            review.click()
-            expect(page.get_by_text("Confirm — apply the planner's recommendation")
-                   ).to_be_visible(timeout=15_000)
-            expect(page.get_by_text("start a prefill instance at TP 4").first).to_be_visible()
-            assert controller.get("/cluster")["pools"]["prefill"]["desired"]["size"] == 1
-            page.get_by_role("button", name="Confirm", exact=True).click()
-            expect(page.get_by_text("recommendation applied")).to_be_visible(timeout=15_000)
-            controller.wait(
-                lambda: controller.get("/cluster")["pools"]["prefill"]["desired"]["size"] == 2,
-                10, "desired prefill size 2")
+    with Load(controller.url, workers=2) as load, chromium(tmp_path, 1200) as page:
+        page.goto(f"{console}/planner")
+        expect(page.locator("h1").first).to_have_text("Planner", timeout=30_000)
+        expect(page.get_by_text("sim-llama-3-70b-h100-sxm-tp4").first).to_be_visible()
+        review = page.get_by_role("button", name="Review the recommendation")
+        review.wait_for(timeout=60_000)
+        page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(timeout=30_000)
+        assert controller.get("/cluster")["pools"]["prefill"]["desired"]["size"] == 1
+        review.click()
+        expect(page.get_by_text("Confirm — apply the planner's recommendation")
+               ).to_be_visible(timeout=15_000)
+        expect(page.get_by_text("start a prefill instance at TP 4").first).to_be_visible()
+        assert controller.get("/cluster")["pools"]["prefill"]["desired"]["size"] == 1
+        page.get_by_role("button", name="Confirm", exact=True).click()
+        expect(page.get_by_text("recommendation applied")).to_be_visible(timeout=15_000)
+        controller.wait(
+            lambda: controller.get("/cluster")["pools"]["prefill"]["desired"]["size"] == 2,
+            10, "desired prefill size 2")
 
-            ttft = page.get_by_label("TTFT p95 target (ms)")
-            ttft.fill("1500")
-            ttft.press("Tab")
-            page.get_by_role("button", name="Review change").click()
-            expect(page.get_by_text("ttft_ms: 2000.0 → 1500.0")).to_be_visible(timeout=15_000)
-            page.get_by_role("button", name="Confirm", exact=True).click()
-            expect(page.get_by_text("planner settings changed")).to_be_visible(timeout=15_000)
-            controller.wait_converged(timeout=60)
-            with contextlib.suppress(PlaywrightTimeout):
-                page.locator('[data-testid="stStatusWidget"]').wait_for(state="hidden",
-                                                                        timeout=5_000)
-            page.screenshot(path=SHOTS / "planner.png", full_page=True)
-        finally:
-            ctx.close()
+        ttft = page.get_by_label("TTFT p95 target (ms)")
+        ttft.fill("1500")
+        ttft.press("Tab")
+        page.get_by_role("button", name="Review change").click()
+        expect(page.get_by_text("ttft_ms: 2000.0 → 1500.0")).to_be_visible(timeout=15_000)
+        page.get_by_role("button", name="Confirm", exact=True).click()
+        expect(page.get_by_text("planner settings changed")).to_be_visible(timeout=15_000)
+        controller.wait_converged(timeout=60)
+        with contextlib.suppress(PlaywrightTimeout):
+            page.locator('[data-testid="stStatusWidget"]').wait_for(state="hidden",
+                                                                    timeout=5_000)
+        page.screenshot(path=SHOTS / "planner.png", full_page=True)
     assert not load.result.failures, load.result.failures[:5]
     assert controller.get("/planner")["ttft_ms"] == 1500.0
     pools = controller.get("/events", kind="pool.update")

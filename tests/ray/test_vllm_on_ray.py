@@ -5,7 +5,6 @@ local lab (tests/engine/test_vllm_lab.py)."""
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 
 import openai
@@ -13,7 +12,7 @@ import pytest
 
 from tests.engine.checks import (
     MODEL,
-    START_S,
+    converged,
     disaggregated_equals_colocated,
     lab_config,
     lab_model,
@@ -37,12 +36,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerProc]:
         "address": cluster.address, "namespace": NAMESPACE, "placement_timeout_s": 60}),
         wait_ready=False)
     try:
-        t0 = time.monotonic()
-        ctl.wait_converged(timeout=START_S)
-        print(f"\nvLLM 1P+1D on Ray ready after {time.monotonic() - t0:.0f} s")
-        yield ctl
+        with converged(ctl, "vLLM 1P+1D on Ray"):
+            yield ctl
     finally:
-        ctl.stop()
         try:
             assert_nothing_left(NAMESPACE)
             assert engine_processes("vllm_entry.py") == []

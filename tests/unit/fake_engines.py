@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from controller.config import load_settings
 from controller.metrics import Metrics
 from controller.models import Instance, InstanceState, RequestRecord, Role
 from controller.requests_log import RequestLog
+from controller.router.answer import Buffered
 from controller.router.proxy import Proxy
 from controller.router.request import Ctx
 from controller.router.table import RoutingTable
@@ -28,22 +29,11 @@ KV = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": 
       "remote_host": "127.0.0.1", "remote_port": 5600, "tp_size": 1}
 
 
-class Answer:
-    """A ``Stream`` over a fixed body."""
+class Answer(Buffered):
+    """A ``Stream`` over a fixed JSON body: the router's own whole-answer ``Stream``."""
 
     def __init__(self, status: int, body: dict[str, Any]) -> None:
-        self.status = status
-        self.content_type = "application/json"
-        self._body = json.dumps(body).encode()
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        yield self._body
-
-    async def read(self) -> bytes:
-        return self._body
-
-    def close(self) -> None:
-        pass
+        super().__init__(status, "application/json", json.dumps(body).encode())
 
 
 @dataclass

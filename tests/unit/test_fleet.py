@@ -91,11 +91,26 @@ async def test_instances_start_then_become_ready(env: Env
 
 
 async def _ready_pools(env: Env) -> None:
-    fleet, launcher, clock, _ = env
+    fleet, _, _, _ = env
     await fleet.tick()
+    await _all_healthy(env)
+
+
+async def _all_healthy(env: Env) -> None:
+    """Every instance started so far answers its health check; a tick a second later."""
+    fleet, launcher, clock, _ = env
     launcher.healthy = {s.instance_id for s in launcher.started}
     clock.t += 1
     await fleet.tick()
+
+
+async def _crash_the_decode(env: Env, status: int) -> Instance:
+    """The one ready decode instance exits with ``status``, and a tick observes it."""
+    fleet, launcher, _, _ = env
+    [d] = fleet.ready(Role.DECODE)
+    launcher.exited[d.id] = status
+    await fleet.tick()
+    return d
 
 
 async def test_exited_instance_fails_and_is_replaced_after_backoff(
@@ -248,18 +263,14 @@ async def test_a_decode_pool_that_keeps_crashing_in_service_is_quarantined(
     fleet, launcher, clock, store = env
     await _ready_pools(env)
     for n in range(3):
-        [d] = fleet.ready(Role.DECODE)
-        launcher.exited[d.id] = -4
-        await fleet.tick()
+        d = await _crash_the_decode(env, -4)
         assert d.last_error == "process exited with status -4 (SIGILL)"
         if n == 2:
             break
         assert fleet.pool_view(Role.DECODE)["quarantine"] is None
         clock.t += 20  # past the start backoff: a replacement starts and becomes ready
         await fleet.tick()
-        launcher.healthy = {s.instance_id for s in launcher.started}
-        clock.t += 1
-        await fleet.tick()
+        await _all_healthy(env)
     view = fleet.pool_view(Role.DECODE)["quarantine"]
     assert view is not None and view["crashes"] == 3 and 0 < view["remaining_s"] <= 30
     assert "SIGILL" in view["last_error"]
@@ -277,15 +288,11 @@ async def test_a_decode_pool_that_keeps_crashing_in_service_is_quarantined(
 
 async def test_crashes_outside_the_window_are_forgotten(
         env: Env) -> None:
-    fleet, launcher, clock, _ = env
+    fleet, _, clock, _ = env
     await _ready_pools(env)
     for _ in range(3):
-        [d] = fleet.ready(Role.DECODE)
-        launcher.exited[d.id] = -9
-        await fleet.tick()
+        await _crash_the_decode(env, -9)
         clock.t += fleet.settings.controller.crash_window_s / 2 + 1
         await fleet.tick()
-        launcher.healthy = {s.instance_id for s in launcher.started}
-        clock.t += 1
-        await fleet.tick()
+        await _all_healthy(env)
     assert fleet.guard.quarantine[Role.DECODE] is None
