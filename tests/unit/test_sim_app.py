@@ -13,7 +13,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from controller.engines.sim import SimEngineConfig, create_app
+from controller.engines.sim import SimEngineConfig, create_engine_app
 from controller.engines.sim.engine import SimEngine
 
 BASE = SimEngineConfig(port=8100, model="llama-3-8b", hardware="h100-sxm", time_scale=0.01)
@@ -24,7 +24,7 @@ Client = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
 @asynccontextmanager
 async def serve(cfg: SimEngineConfig = BASE, **kw: Any) -> AsyncIterator[httpx.AsyncClient]:
     """A client on a fresh app, with the app's lifespan run around it."""
-    app = create_app(replace(cfg, **kw))
+    app = create_engine_app(replace(cfg, **kw))
     async with app.router.lifespan_context(app), httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://sim") as client:
         client.app = app  # type: ignore[attr-defined]

@@ -11,7 +11,7 @@ from controller.engines.sim import (
     SimEngineConfig,
     add_arguments,
     config_from_args,
-    create_app,
+    create_engine_app,
     run_from_args,
 )
 from controller.engines.sim.__main__ import main
@@ -67,7 +67,7 @@ def test_bad_values_are_named(argv: list[str], fragment: str) -> None:
 
 def test_create_app_refuses_a_config_that_does_not_fit() -> None:
     with pytest.raises(SimConfigError, match="does not fit|needs"):
-        create_app(SimEngineConfig(port=1))
+        create_engine_app(SimEngineConfig(port=1))
 
 
 def test_run_from_args_returns_2_on_a_bad_config(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from controller.engines.sim import SimEngineConfig, create_app
+from controller.engines.sim import SimEngineConfig, create_engine_app
 from controller.engines.sim.engine import SimEngine
 
 # Llama-3-8B decode steps of ~7 ms at time scale 1: 2000 tokens would take ~14 s.
@@ -32,7 +32,7 @@ async def until(predicate: Any, timeout: float = 5.0) -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_disconnect_aborts_the_request(stream: bool) -> None:
-    app = create_app(CFG)
+    app = create_engine_app(CFG)
     engine: SimEngine = app.state.sim.engine
     body = json.dumps({"prompt": "long one", "max_tokens": 2000, "stream": stream}).encode()
     gone = asyncio.Event()

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from controller.engines.sim import SimEngineConfig, create_app
+from controller.engines.sim import SimEngineConfig, create_engine_app
 from controller.engines.sim.config import KvLoadFailurePolicy
 from controller.engines.sim.engine import SimEngine
 from controller.tokens import estimate_tokens
@@ -44,11 +44,11 @@ def _fails(request: httpx.Request) -> httpx.Response:
 @asynccontextmanager
 async def pair(policy: KvLoadFailurePolicy = "fail", prefill_reachable: bool = True,
                decode_kw: dict[str, Any] | None = None, **prefill_kw: Any) -> AsyncIterator[Pair]:
-    p_app = create_app(replace(PREFILL, **prefill_kw))
+    p_app = create_engine_app(replace(PREFILL, **prefill_kw))
     transport = (httpx.ASGITransport(app=p_app) if prefill_reachable
                  else httpx.MockTransport(_fails))
     d_cfg = replace(DECODE, kv_load_failure_policy=policy, **(decode_kw or {}))
-    d_app = create_app(d_cfg, kv_transport=transport)
+    d_app = create_engine_app(d_cfg, kv_transport=transport)
     async with p_app.router.lifespan_context(p_app), d_app.router.lifespan_context(d_app), \
             httpx.AsyncClient(transport=httpx.ASGITransport(app=p_app), base_url="http://p") as p, \
             httpx.AsyncClient(transport=httpx.ASGITransport(app=d_app), base_url="http://d") as d:

@@ -6,14 +6,19 @@ batching. See ``docs/engine-sim.md``.
 """
 
 from controller.engines.sim.config import SimConfigError, SimEngineConfig, validate_config
-from controller.engines.sim.server import add_arguments, config_from_args, create_app, run_from_args
+from controller.engines.sim.server import (
+    add_arguments,
+    config_from_args,
+    create_engine_app,
+    run_from_args,
+)
 
 __all__ = [
     "SimConfigError",
     "SimEngineConfig",
     "add_arguments",
     "config_from_args",
-    "create_app",
+    "create_engine_app",
     "run_from_args",
     "validate_config",
 ]

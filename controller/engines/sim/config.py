@@ -33,7 +33,7 @@ class SimEngineConfig:
     max_num_batched_tokens: int = 8192
     kv_lease_duration_s: float = 30.0  # wall seconds, NixlConnector's kv_lease_duration
     block_size: int = 16
-    engine_id: str | None = None  # default: a fresh uuid4 hex (see server.create_app)
+    engine_id: str | None = None  # default: a fresh uuid4 hex (see server.create_engine_app)
     startup_delay_s: float = 0.0  # wall seconds of 503 on /health (models engine load)
 
     @property

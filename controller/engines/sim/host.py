@@ -52,7 +52,7 @@ from controller.engines.sim.server import (
     add_arguments,
     advertised_host,
     config_from_args,
-    create_app,
+    create_engine_app,
 )
 from controller.signals import clean_stop_signals
 
@@ -162,7 +162,7 @@ class SimHost:
             sock.close()
             raise
         handler = _file_log(log_path, self._formatter())
-        app = create_app(cfg, kv_peers=self.engine_at)
+        app = create_engine_app(cfg, kv_peers=self.engine_at)
         server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
         ctx = contextvars.copy_context()

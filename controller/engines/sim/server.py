@@ -1,4 +1,4 @@
-"""The simulated engine as an app and a command: ``create_app`` and the CLI entry points."""
+"""The simulated engine as an app and a command: ``create_engine_app`` and the CLI entry points."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def advertised_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
-def create_app(cfg: SimEngineConfig, kv_transport: httpx.AsyncBaseTransport | None = None,
+def create_engine_app(cfg: SimEngineConfig, kv_transport: httpx.AsyncBaseTransport | None = None,
                kv_peers: Peers | None = None) -> Starlette:
     """The engine's Starlette app. ``kv_transport`` lets tests route KV pulls in-process;
     ``kv_peers`` finds prefill engines of this process, whose side channel is called directly.
@@ -134,7 +134,7 @@ def run_from_args(args: argparse.Namespace) -> int:
                         format="%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s")
     # ... and one INFO line per KV handle a decode hop brings (which engine got which handle).
     logging.getLogger("controller.engines.sim.engine").setLevel(logging.INFO)
-    app = create_app(cfg)
+    app = create_engine_app(cfg)
     with clean_stop_signals():
         uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False,
                     timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)

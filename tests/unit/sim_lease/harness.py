@@ -17,7 +17,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from controller.engines.sim import SimEngineConfig, create_app
+from controller.engines.sim import SimEngineConfig, create_engine_app
 from controller.engines.sim.engine import SimEngine
 from controller.tokens import estimate_tokens
 
@@ -77,9 +77,9 @@ class Pair:
 @asynccontextmanager
 async def pair(prefill_kw: dict[str, Any] | None = None,
                decode_kw: dict[str, Any] | None = None) -> AsyncIterator[Pair]:
-    p_app = create_app(replace(PREFILL, **(prefill_kw or {})))
+    p_app = create_engine_app(replace(PREFILL, **(prefill_kw or {})))
     side = SideChannel(p_app)
-    d_app = create_app(replace(DECODE, **(decode_kw or {})), kv_transport=side)
+    d_app = create_engine_app(replace(DECODE, **(decode_kw or {})), kv_transport=side)
     async with p_app.router.lifespan_context(p_app), d_app.router.lifespan_context(d_app), \
             httpx.AsyncClient(transport=httpx.ASGITransport(app=p_app), base_url="http://p") as p, \
             httpx.AsyncClient(transport=httpx.ASGITransport(app=d_app), base_url="http://d") as d:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from controller.engines.sim import create_app
+from controller.engines.sim import create_engine_app
 from controller.engines.sim.engine import SimEngine
 from tests.unit.sim_lease.harness import (
     AFTER_EXPIRY,
@@ -161,7 +161,7 @@ async def test_failed_heartbeats_are_ignored(caplog: pytest.LogCaptureFixture) -
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)
 
-    app = create_app(replace(DECODE, **QUEUED, kv_lease_duration_s=0.6,
+    app = create_engine_app(replace(DECODE, **QUEUED, kv_lease_duration_s=0.6,
                              kv_load_failure_policy="recompute"),
                      kv_transport=httpx.MockTransport(refuse))
     engine: SimEngine = app.state.sim.engine
