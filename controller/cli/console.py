@@ -26,7 +26,7 @@ from pdctl_api.client import DEFAULT_STATE_DIR, DEFAULT_URL
 def _app_path() -> Path:
     """``dashboard/app.py``, located without importing the ``dashboard`` package: beside
     ``controller`` (one distribution installs both), else wherever ``dashboard`` is found."""
-    sibling = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+    sibling = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
     spec = None if sibling.exists() else importlib.util.find_spec("dashboard")
     if spec is not None and spec.origin:
         return Path(spec.origin).resolve().parent / "app.py"
