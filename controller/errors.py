@@ -4,21 +4,27 @@ OpenAI's ``{"error": {...}}``."""
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class PdctlError(Exception):
-    """Root of every error the controller raises on purpose."""
+    """Root of every error the controller raises on purpose. A subclass names its HTTP status
+    in its class line (``class NotFound(PdctlError, status=404)``)."""
 
     status_code = 500
+
+    def __init_subclass__(cls, status: int | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status_code = status
 
 
 class ConfigError(PdctlError):
     """A configuration file or value is invalid; the message names the field and reason."""
 
 
-class InvalidChange(PdctlError):
+class InvalidChange(PdctlError, status=422):
     """A requested change to the cluster is refused; nothing was changed."""
-
-    status_code = 422
 
     def __init__(self, reason: str, field: str | None = None) -> None:
         super().__init__(reason)
@@ -26,12 +32,12 @@ class InvalidChange(PdctlError):
         self.field = field
 
 
-class NotFound(PdctlError):
-    status_code = 404
+class NotFound(PdctlError, status=404):
+    """No such instance, or request among those recorded."""
 
 
-class Unauthorized(PdctlError):
-    status_code = 401
+class Unauthorized(PdctlError, status=401):
+    """A missing or invalid bearer token."""
 
 
 class LaunchError(PdctlError):
@@ -42,9 +48,15 @@ class LaunchError(PdctlError):
 
 class RoutingError(PdctlError):
     """A client request could not be served; carries the OpenAI error type and, for a
-    client's mistake, the request field (``param``) it is about."""
+    client's mistake, the request field (``param``) it is about. A subclass names its status
+    and error type in its class line."""
 
     error_type = "server_error"
+
+    def __init_subclass__(cls, error_type: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if error_type is not None:
+            cls.error_type = error_type
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -56,49 +68,36 @@ class RoutingError(PdctlError):
         return 400 <= self.status_code < 500
 
 
-class NoInstanceAvailable(RoutingError):
-    status_code = 503
-    error_type = "service_unavailable"
+class NoInstanceAvailable(RoutingError, status=503, error_type="service_unavailable"):
+    """No ready instance could take the request."""
 
 
-class BadRequest(RoutingError):
-    status_code = 400
-    error_type = "invalid_request_error"
+class BadRequest(RoutingError, status=400, error_type="invalid_request_error"):
+    """A malformed request: its JSON, or a field the router reads or the engines limit."""
 
 
-class ModelNotFound(RoutingError):
-    status_code = 404
-    error_type = "invalid_request_error"
+class ModelNotFound(RoutingError, status=404, error_type="invalid_request_error"):
+    """``model`` names no model this controller serves."""
 
 
-class RequestTimeout(RoutingError):
+class RequestTimeout(RoutingError, status=408, error_type="invalid_request_error"):
     """The client did not send its whole body in time."""
 
-    status_code = 408
-    error_type = "invalid_request_error"
+
+class PayloadTooLarge(RoutingError, status=413, error_type="invalid_request_error"):
+    """A body over ``controller.max_body_bytes``."""
 
 
-class PayloadTooLarge(RoutingError):
-    status_code = 413
-    error_type = "invalid_request_error"
+class UnsupportedMediaType(RoutingError, status=415, error_type="invalid_request_error"):
+    """A body not sent as ``application/json``."""
 
 
-class UnsupportedMediaType(RoutingError):
-    status_code = 415
-    error_type = "invalid_request_error"
-
-
-class Overloaded(RoutingError):
+class Overloaded(RoutingError, status=429, error_type="rate_limit_exceeded"):
     """Admission control: more requests in flight than the configured limit. The client
     may retry after ``retry_after_s``."""
 
-    status_code = 429
-    error_type = "rate_limit_exceeded"
     retry_after_s = 1
 
 
-class UpstreamUnreachable(RoutingError):
+class UpstreamUnreachable(RoutingError, status=502, error_type="upstream_unreachable"):
     """Connecting or talking to an engine failed before it answered (safe to retry)."""
-
-    status_code = 502
-    error_type = "upstream_unreachable"

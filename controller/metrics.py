@@ -13,6 +13,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from controller.models import RequestRecord
+from pdctl_api.schema import PARTS
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5,
                 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -20,7 +21,6 @@ PART_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.1
                 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0)
 ROUTING_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                    0.1, 0.25, 1.0)
-PARTS = ("queue", "prefill", "transfer", "decode_sched", "overhead")
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
                0.3, 0.5, 1.0, 2.5)
 

@@ -42,17 +42,17 @@ DEFAULT_STATE_DIR = Path(".pdctl")  # the controller's; its API token is STATE_D
 API = "/api/v1"
 
 T = TypeVar("T")
-M = TypeVar("M", bound=BaseModel)
+ModelT = TypeVar("ModelT", bound=BaseModel)
 _INSTANCES = TypeAdapter(list[InstancePublic])
 _REQUESTS = TypeAdapter(list[RequestPublic])
 _EVENTS = TypeAdapter(list[EventPublic])
 _ADAPTERS: dict[type[BaseModel], TypeAdapter[Any]] = {}
 
 
-def _adapter(model: type[M]) -> TypeAdapter[M]:
+def _adapter(model: type[ModelT]) -> TypeAdapter[ModelT]:
     if model not in _ADAPTERS:
         _ADAPTERS[model] = TypeAdapter(model)
-    adapter: TypeAdapter[M] = _ADAPTERS[model]
+    adapter: TypeAdapter[ModelT] = _ADAPTERS[model]
     return adapter
 
 
@@ -105,7 +105,7 @@ def read_token(state_dir: Path) -> str | None:
         return None
 
 
-def _error(response: httpx.Response, url: str) -> ApiError:
+def _api_error(response: httpx.Response, url: str) -> ApiError:
     try:
         body = response.json()
     except ValueError:
@@ -155,7 +155,7 @@ class PdctlClient:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def _send(self, method: str, path: str, params: Mapping[str, Any] | None = None,
+    def _roundtrip(self, method: str, path: str, params: Mapping[str, Any] | None = None,
               body: Any = None, auth: bool = True) -> httpx.Response:
         if auth and not self.token:
             raise ApiError(None, NO_TOKEN, self.base_url)
@@ -166,19 +166,19 @@ class PdctlClient:
         except httpx.HTTPError as exc:
             raise ApiError(None, f"{type(exc).__name__}: {exc}", self.base_url) from None
         if r.status_code >= 400:
-            raise _error(r, self.base_url)
+            raise _api_error(r, self.base_url)
         return r
 
     def _call(self, into: TypeAdapter[T], method: str, path: str,
               params: Mapping[str, Any] | None = None, body: Any = None) -> T:
         """One authenticated call under ``/api/v1``, its answer validated into ``into``."""
-        return _parse(into, self._send(method, API + path, params, body), self.base_url)
+        return _parse(into, self._roundtrip(method, API + path, params, body), self.base_url)
 
     # ---- reads -------------------------------------------------------------------------
 
     def health(self) -> HealthPublic:
         """``GET /healthz`` (needs no token)."""
-        return _parse(_adapter(HealthPublic), self._send("GET", "/healthz", auth=False),
+        return _parse(_adapter(HealthPublic), self._roundtrip("GET", "/healthz", auth=False),
                       self.base_url)
 
     def cluster(self) -> ClusterPublic:

@@ -23,6 +23,7 @@ from controller.api import control, data
 from controller.api.asgi import ASGIApp
 from controller.api.gate import ControlGate
 from controller.api.state import AppState
+from controller.api.views import health_view
 from controller.config import Settings
 from controller.errors import InvalidChange, PdctlError
 from controller.fleet import build_fleet
@@ -45,6 +46,7 @@ from controller.router.proxy import Proxy
 from controller.store import Store
 from controller.token_file import ensure_token
 from controller.tokens import make_counter
+from pdctl_api.schema import ErrorPublic, HealthPublic
 
 log = logging.getLogger("pdctl.controller")
 
@@ -119,14 +121,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         st.store.close()
 
 
-def _detail(exc: PdctlError) -> dict[str, Any]:
-    out: dict[str, Any] = {"detail": str(exc)}
-    if isinstance(exc, InvalidChange) and exc.field:
-        out["field"] = exc.field
-    return out
+def error_public(exc: PdctlError) -> ErrorPublic:
+    """A refused or failed control-API request's answer: the reason, and the field of a
+    refused change when it is known."""
+    return ErrorPublic(detail=str(exc),
+                       field=exc.field if isinstance(exc, InvalidChange) and exc.field else None)
 
 
-def invalid_detail(errors: Sequence[Any]) -> dict[str, Any]:
+def invalid_public(errors: Sequence[Any]) -> ErrorPublic:
     """A refused request's ``ErrorPublic``: one reason per field (``size``,
     ``query.since_id``), the first field named in ``field``. The branches of an optional
     field (``int | None``) are one field: its "should be None" branch says nothing."""
@@ -139,11 +141,12 @@ def invalid_detail(errors: Sequence[Any]) -> dict[str, Any]:
             loc[0] if loc else "")
         reasons.setdefault(where, str(e.get("msg")))
     detail = "; ".join(f"{k}: {v}" if k else v for k, v in reasons.items())
-    out: dict[str, Any] = {"detail": detail or "invalid request"}
-    first = next(iter(reasons), "")
-    if first:
-        out["field"] = first
-    return out
+    return ErrorPublic(detail=detail or "invalid request", field=next(iter(reasons), "") or None)
+
+
+def error_response(error: ErrorPublic, status_code: int) -> JSONResponse:
+    """``field`` is left out when there is none."""
+    return JSONResponse(error.model_dump(exclude_none=True), status_code=status_code)
 
 
 class ControllerApp(FastAPI):
@@ -164,22 +167,22 @@ def create_app(settings: Settings, launcher: Launcher | None = None) -> FastAPI:
 
     @app.exception_handler(PdctlError)
     async def _pdctl_error(request: Request, exc: PdctlError) -> JSONResponse:
-        return JSONResponse(_detail(exc), status_code=exc.status_code)
+        return error_response(error_public(exc), exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(invalid_detail(exc.errors()), status_code=422)
+        return error_response(invalid_public(exc.errors()), 422)
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        t = app.state.pdctl.table
-        return {"status": "ok", "ready": {r.value: len(t.ready(r)) for r in Role}}
+    @app.get("/healthz", response_model=HealthPublic)
+    async def healthz() -> HealthPublic:
+        """Ready instances per pool; open without a token."""
+        return health_view(app.state.pdctl.table)
 
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(app.state.pdctl.metrics.registry),
                         media_type=CONTENT_TYPE_LATEST)
 
-    app.include_router(data.router)
-    app.include_router(control.router)
+    app.include_router(data.data_routes)
+    app.include_router(control.control_routes)
     return app

@@ -23,7 +23,7 @@ from controller.router.answer import Answer, error_body, internal_error
 from controller.router.proxy import Proxy
 
 log = logging.getLogger("pdctl.router")
-router = APIRouter()
+data_routes = APIRouter()
 ENDPOINTS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
@@ -121,8 +121,8 @@ async def _watch(receive: Receive, task: asyncio.Task[Any], ex: _Exchange) -> No
         task.cancel()
 
 
-async def serve(proxy: Proxy, endpoint: str, scope: Scope, receive: Receive, send: Send,
-                loop: asyncio.AbstractEventLoop, limits: BodyLimits) -> None:
+async def serve_request(proxy: Proxy, endpoint: str, scope: Scope, receive: Receive,
+                        send: Send, loop: asyncio.AbstractEventLoop, limits: BodyLimits) -> None:
     rid, media = _request_headers(scope)
     ex = _Exchange(send)
     try:
@@ -139,7 +139,7 @@ async def serve(proxy: Proxy, endpoint: str, scope: Scope, receive: Receive, sen
     watch = loop.create_task(_watch(receive, task, ex))
     try:
         async with proxy.serve(ctx) as answer:
-            await _send(answer, ex, ctx.rid)
+            await _write_answer(answer, ex, ctx.rid)
     except asyncio.CancelledError:
         if not ex.client_gone:
             raise  # the server is shutting down: not ours to swallow
@@ -153,7 +153,7 @@ async def serve(proxy: Proxy, endpoint: str, scope: Scope, receive: Receive, sen
         watch.cancel()
 
 
-async def _send(answer: Answer, ex: _Exchange, rid: str) -> None:
+async def _write_answer(answer: Answer, ex: _Exchange, rid: str) -> None:
     if answer.body is not None:
         await ex.respond(answer.status, answer.body, rid, answer.content_type, answer.headers)
         return
@@ -181,13 +181,13 @@ class DataPlane:
             if loop is None or loop.is_closed():
                 # Looked up once: on Python 3.11 each lookup is a getpid() system call.
                 loop = self._loop = asyncio.get_running_loop()
-            await serve(self.proxy, scope["path"], scope, receive, send, loop, self.limits)
+            await serve_request(self.proxy, scope["path"], scope, receive, send, loop, self.limits)
             return
         await self.app(scope, receive, send)
 
 
-@router.get("/v1/models")
-async def models(request: Request) -> dict[str, Any]:
+@data_routes.get("/v1/models", name="models")  # the OpenAPI operation keeps its id
+async def list_models(request: Request) -> dict[str, Any]:
     s = app_state(request).settings
     m = s.model_profile
     return {"object": "list", "data": [{

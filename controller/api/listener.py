@@ -38,9 +38,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_timeout)
 
     def _disarm(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+        timer, self._header_timer = self._header_timer, None
+        if timer is not None:
+            timer.cancel()
 
     def _header_timeout(self) -> None:
         self._header_timer = None

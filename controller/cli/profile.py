@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 
 from controller.cli.args import SubParsers
+from controller.cli.serve import configured
 from controller.config import Settings, deep_merge, load_settings
-from controller.errors import ConfigError
 from controller.launchers.base import Launched, LaunchSpec
 from controller.launchers.process import ProcessLauncher
 from controller.launchers.sim import SimEngine
@@ -174,10 +174,8 @@ def run_profile(args: argparse.Namespace) -> int:
     if args.tp < 1:
         print("pdctl profile: --tp must be at least 1", file=sys.stderr)
         return 2
-    try:
-        settings = profile_settings(args)
-    except ConfigError as exc:
-        print(f"pdctl profile: {exc}", file=sys.stderr)
+    settings = configured("profile", lambda: profile_settings(args))
+    if settings is None:
         return 2
     if settings.backend == "external":
         print("pdctl profile: backend external: pass --backend sim or vllm (with --url to "

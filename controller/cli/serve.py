@@ -151,14 +151,20 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
+def configured(verb: str, build: Callable[[], Settings]) -> Settings | None:
+    """The settings ``build`` loads for ``pdctl VERB``, or None after saying on stderr why
+    they are refused (the verb then exits with status 2)."""
+    try:
+        return build()
+    except ConfigError as exc:
+        print(f"pdctl {verb}: {exc}", file=sys.stderr)
+        return None
+
+
 def run_controller(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level)
-    try:
-        settings = load_settings(args.config, **_overrides(args))
-    except ConfigError as exc:
-        print(f"pdctl controller: {exc}", file=sys.stderr)
-        return 2
-    return _serve(settings)
+    settings = configured("controller", lambda: load_settings(args.config, **_overrides(args)))
+    return 2 if settings is None else _serve(settings)
 
 
 def vllm_missing() -> str | None:
@@ -232,10 +238,8 @@ def _lab_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_lab(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level)
-    try:
-        settings = lab_settings(args)
-    except ConfigError as exc:
-        print(f"pdctl lab: {exc}", file=sys.stderr)
+    settings = configured("lab", lambda: lab_settings(args))
+    if settings is None:
         return 2
     if settings.backend == "vllm":
         missing = vllm_missing()

@@ -7,9 +7,9 @@ one per quantity (request rate, prompt length, output length)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
-PredictorName = Literal["constant", "holt"]
+from pdctl_api.schema import PredictorName
 
 
 class Predictor(Protocol):

@@ -1,0 +1,226 @@
+"""Typed views: the control API's answers (``pdctl_api.schema``) built from the controller's
+own objects -- the cluster, instances, request records, the planner's state -- field by field,
+so that a field missing or renamed on either side is a type error here, not a dict that fails
+validation at run time.
+
+The live routing settings and service targets need no view: the configuration's sections
+(``RoutingSettings``, ``TargetsSettings``) are the API's models with defaults. Where an owner
+computes an answer's content as JSON itself (``Fleet.pool_view``, ``requests_log.stats`` and
+``timeseries``, ``advisor.advise``, ``LeaseWatch.summary``, the store's audit rows, the
+planner's observations), the view validates that part into its model and types the rest."""
+
+from __future__ import annotations
+
+import time
+
+from controller.api.state import AppState
+from controller.fleet.reconcile import Action, Drain, Start
+from controller.models import Instance, RequestRecord, Role
+from controller.planner.service import Plan
+from controller.requests_log import stats, timeseries
+from controller.router.table import RoutingTable
+from controller.sizing import advisor, kvfit
+from pdctl_api import profiles
+from pdctl_api.schema import (
+    AdmissionPublic,
+    BucketPublic,
+    ClusterPublic,
+    HardwarePublic,
+    HealthPublic,
+    InstancePublic,
+    KvIntegrityPublic,
+    LoadPublic,
+    ModelPublic,
+    NixlPublic,
+    NixlTotals,
+    PlanLoad,
+    PlannedAction,
+    PlannerBounds,
+    PlannerPublic,
+    PlanObserved,
+    PlanPublic,
+    PoolPlanPublic,
+    PoolPublic,
+    PoolSize,
+    PoolUtilization,
+    RequestPublic,
+    StatsPublic,
+    TimeseriesPublic,
+)
+
+# ---- instances and pools -------------------------------------------------------------------
+
+
+def instance_view(inst: Instance, inflight: int) -> InstancePublic:
+    """One instance; ``inflight``: the routing table's count of its requests."""
+    return InstancePublic(
+        id=inst.id, role=inst.role, url=inst.url, state=inst.state, tp=inst.tp,
+        accelerators=list(inst.accelerators), created_at=inst.created_at,
+        ready_at=inst.ready_at,
+        load=LoadPublic(inflight=inflight, running=inst.running, waiting=inst.waiting,
+                        kv_cache_usage=inst.kv_usage),
+        nixl=NixlPublic(transfers=inst.nixl_xfers, seconds=inst.nixl_xfer_s,
+                        bytes=inst.nixl_bytes, recent_xfer_ms=inst.recent_xfer_ms,
+                        kv_expired_requests=inst.kv_expired,
+                        notifications_after_expiry=inst.kv_after_expiry,
+                        failed_transfers=inst.nixl_failed),
+        last_error=inst.last_error, pid=inst.pid, node=inst.node)
+
+
+def instances_view(st: AppState, instances: list[Instance]) -> list[InstancePublic]:
+    return [instance_view(i, st.table.inflight(i.id)) for i in instances]
+
+
+def pool_view(st: AppState, role: Role) -> PoolPublic:
+    """The pool's desired and actual state, as the fleet counts it."""
+    return PoolPublic.model_validate(st.fleet.pool_view(role))
+
+
+def planned(action: Action) -> PlannedAction:
+    """A reconciler action as the API shows it."""
+    if isinstance(action, Start):
+        return PlannedAction(kind="start", role=action.role, tp=action.tp, reason=action.reason)
+    kind = "drain" if isinstance(action, Drain) else "stop"
+    return PlannedAction(kind=kind, instance_id=action.instance_id, reason=action.reason)
+
+
+def pool_plan_view(st: AppState, role: Role, size: int | None, tp: int | None,
+                   actions: list[PlannedAction]) -> PoolPlanPublic:
+    """The dry run of a pool change: the desired state it asks for and the planned steps."""
+    now = st.fleet.targets[role]
+    tp = now.tp if tp is None else tp
+    return PoolPlanPublic(role=role, desired=PoolSize(size=now.size if size is None else size,
+                                                      tp=tp),
+                          actions=actions, notes=pool_notes(st, role, tp))
+
+
+def pool_notes(st: AppState, role: Role, tp: int) -> list[str]:
+    """A decode pool's KV capacity at ``tp`` against the contexts of the last 10 minutes."""
+    s = st.settings
+    # External engines' memory is not known; the CPU lab's KV space is
+    # vllm.cpu_kv_cache_gib, not an accelerator's memory.
+    if role is not Role.DECODE or s.backend == "external" or s.hardware.is_cpu:
+        return []
+    c = st.requests.columns(600.0)
+    ok = c.select(c.ok)
+    contexts = ok.col("prompt_tokens") + ok.col("output_tokens")
+    m = profiles.model(s.model.name) if s.backend == "sim" else s.model_profile
+    fit = kvfit.fit(m, s.hardware.profile, tp, contexts,
+                    advisor.DEFAULT_ISL + advisor.DEFAULT_OSL)
+    return [fit.note()]
+
+
+def cluster_view(st: AppState) -> ClusterPublic:
+    s, f = st.settings, st.fleet
+    m = s.model_profile
+    per_node, nodes, _ = f.capacity()  # a Ray cluster's nodes, read live, or the config's
+    return ClusterPublic(
+        model=ModelPublic(name=s.model.name, served_name=s.model.public_name, params=m.params,
+                          layers=m.layers, heads=m.heads, kv_heads=m.kv_heads,
+                          head_dim=m.head_dim, kv_bytes_per_token=m.kv_bytes_per_token),
+        backend=s.backend,
+        hardware=HardwarePublic(accelerator=s.hardware.accelerator,
+                                accelerators_per_node=per_node, nodes=nodes,
+                                total_accelerators=per_node * nodes,
+                                used_accelerators=f.registry.used_accelerators(),
+                                kv_link=s.hardware.kv_link),
+        pools={r: pool_view(st, r) for r in Role},
+        routing=st.table.settings,  # the routing settings are their own answer
+        instances=instances_view(st, list(f.registry)),
+        time_scale=s.sim.time_scale if s.backend == "sim" else 1.0)
+
+
+def health_view(table: RoutingTable) -> HealthPublic:
+    """``/healthz``: ready instances per pool."""
+    return HealthPublic(status="ok", ready={r: len(table.ready(r)) for r in Role})
+
+
+# ---- requests and their statistics ---------------------------------------------------------
+
+
+def request_view(r: RequestRecord) -> RequestPublic:
+    return RequestPublic(
+        id=r.id, started_at=r.started_at, endpoint=r.endpoint, path=r.path, status=r.status,
+        stream=r.stream, prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens,
+        prefill_instance=r.prefill_instance, decode_instance=r.decode_instance,
+        queue_ms=r.queue_ms, prefill_ms=r.prefill_ms, transfer_ms=r.transfer_ms,
+        decode_sched_ms=r.decode_sched_ms, overhead_ms=r.overhead_ms, ttft_ms=r.ttft_ms,
+        itl_ms=r.itl_ms, e2e_ms=r.e2e_ms, kv_bytes=r.kv_bytes, retries=r.retries,
+        error=r.error, kv_handle=r.kv_handle, suspect=r.suspect, gap_p99_ms=r.gap_p99_ms,
+        gap_max_ms=r.gap_max_ms)
+
+
+def nixl_totals(instances: list[Instance]) -> NixlTotals:
+    """KV moved by NIXL as the engines count it (decode side), and its bandwidth."""
+    nbytes = sum(i.nixl_bytes for i in instances)
+    seconds = sum(i.nixl_xfer_s for i in instances)
+    return NixlTotals(transfers=sum(i.nixl_xfers for i in instances), bytes=nbytes,
+                      seconds=seconds, gbps=nbytes / 1e9 / seconds if seconds > 0 else 0.0)
+
+
+def utilization(table: RoutingTable, role: Role) -> PoolUtilization:
+    """The pool's ready instances now: requests in flight, engine load, KV moved."""
+    ready = table.ready(role)
+    n = len(ready)
+    inflight = [table.inflight(i.id) for i in ready]
+    busy = sum(1 for i, k in zip(ready, inflight, strict=True) if k or i.running)
+    return PoolUtilization(
+        ready_instances=n, inflight=sum(inflight), running=sum(i.running for i in ready),
+        waiting=sum(i.waiting for i in ready), busy_share=busy / n if n else 0.0,
+        kv_cache_usage_mean=sum(i.kv_usage for i in ready) / n if n else 0.0,
+        nixl=nixl_totals(ready))
+
+
+def admission_view(st: AppState) -> AdmissionPublic:
+    rs = st.table.settings
+    return AdmissionPublic(inflight=st.proxy.inflight, max_inflight=rs.max_inflight,
+                           max_inflight_per_instance=rs.max_inflight_per_instance,
+                           refused_total=st.proxy.refused_total,
+                           prefill_waiting=st.table.prefill_waiting)
+
+
+def stats_view(st: AppState, window_s: float, end: float | None) -> StatsPublic:
+    """The window's aggregates (``requests_log.stats``), the pools and admission now, and
+    the KV lease integrity over the window."""
+    cols, covered = st.requests.between(window_s, end)
+    return StatsPublic(
+        **stats(cols, window_s, st.table.settings.transfer_alert_share, covered),
+        pools={r: utilization(st.table, r) for r in Role},
+        total_requests=st.requests.total, admission=admission_view(st),
+        kv_integrity=KvIntegrityPublic.model_validate(st.lease_watch.summary(window_s)))
+
+
+def timeseries_view(st: AppState, window_s: float, step_s: float, end: float | None
+                    ) -> TimeseriesPublic:
+    now = time.time() if end is None else min(end, time.time())  # as ``between`` does
+    cols, _ = st.requests.between(window_s, end)
+    return TimeseriesPublic(window_s=window_s, step_s=step_s, now=now,
+                            buckets=[BucketPublic.model_validate(b)
+                                     for b in timeseries(cols, window_s, step_s, now)])
+
+
+# ---- the planner ---------------------------------------------------------------------------
+
+
+def plan_view(p: Plan) -> PlanPublic:
+    return PlanPublic(
+        at=p.at, mode=p.mode, current=p.current, recommended=p.recommended,
+        reasons=list(p.reasons), hold=p.hold,
+        observed=None if p.observed is None else PlanObserved.model_validate(p.observed),
+        predicted=None if p.predicted is None else PlanLoad.model_validate(p.predicted),
+        applied=p.applied, error=p.error)
+
+
+def planner_view(st: AppState, history: int) -> PlannerPublic:
+    """The planner's live settings, bounds and profiles, and its last ``history`` plans."""
+    pl, live = st.planner, st.planner.live
+    b = pl.bounds()
+    plans = list(pl.history)[-history:] if history else []
+    return PlannerPublic(
+        mode=live.mode, predictor=live.predictor, interval_s=live.interval_s,
+        ttft_ms=live.ttft_ms, itl_ms=live.itl_ms, time_scale=pl.time_scale,
+        bounds=PlannerBounds(min_prefill=b.min_prefill, max_prefill=b.max_prefill,
+                             min_decode=b.min_decode, max_decode=b.max_decode,
+                             accelerator_budget=b.accelerator_budget),
+        profiles={r: (p.key if p is not None else None) for r, p in pl.profiles().items()},
+        problem=pl.problem(), next_at=pl.next_at, history=[plan_view(p) for p in plans])
