@@ -31,9 +31,9 @@ from controller.fleet.collector import FleetCollector
 from controller.launchers.base import EngineKind, Launcher
 from controller.launchers.external import ExternalLauncher
 from controller.launchers.process import ProcessLauncher
-from controller.launchers.sim import SimEngine
+from controller.launchers.sim import SimEngineKind
 from controller.launchers.sim_host import SimHostLauncher
-from controller.launchers.vllm import VllmEngine
+from controller.launchers.vllm import VllmEngineKind
 from controller.metrics import Metrics
 from controller.models import Role
 from controller.obs import prometheus
@@ -56,8 +56,8 @@ def make_launcher(settings: Settings) -> Launcher:
     if settings.backend == "external":
         return ExternalLauncher({Role.PREFILL: settings.pools.prefill.urls,
                                  Role.DECODE: settings.pools.decode.urls})
-    engine: EngineKind = (SimEngine(settings) if settings.backend == "sim"
-                          else VllmEngine(settings))
+    engine: EngineKind = (SimEngineKind(settings) if settings.backend == "sim"
+                          else VllmEngineKind(settings))
     if settings.launcher == "ray":
         from controller.launchers.ray import RayLauncher  # noqa: PLC0415 - imports Ray
 

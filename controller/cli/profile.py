@@ -18,8 +18,8 @@ from controller.cli.serve import configured
 from controller.config import Settings, deep_merge, load_settings
 from controller.launchers.base import Launched, LaunchSpec
 from controller.launchers.process import ProcessLauncher
-from controller.launchers.sim import SimEngine
-from controller.launchers.vllm import VllmEngine
+from controller.launchers.sim import SimEngineKind
+from controller.launchers.vllm import VllmEngineKind
 from controller.models import Role
 from controller.planner.profile import profile_key
 from controller.planner.sweep import SweepPlan, sweep
@@ -145,8 +145,8 @@ async def _run(settings: Settings, args: argparse.Namespace) -> Path:
     source = (f"pdctl profile --backend {backend} --tp {tp}"
               f"{f' --time-scale {scale:g}' if backend == 'sim' else ''}, "
               f"{datetime.now(UTC):%Y-%m-%d}")
-    launcher = ProcessLauncher(SimEngine(settings) if backend == "sim"
-                               else VllmEngine(settings))
+    launcher = ProcessLauncher(SimEngineKind(settings) if backend == "sim"
+                               else VllmEngineKind(settings))
     launched = None
     url = args.url
     try:

@@ -10,7 +10,7 @@ from controller.launchers.base import Command, EngineKind, LaunchSpec
 from controller.launchers.process import ProcessLauncher
 
 
-class SimEngine(EngineKind):
+class SimEngineKind(EngineKind):
     name = "sim"
 
     def __init__(self, settings: Settings) -> None:
@@ -47,4 +47,4 @@ class SimLauncher(ProcessLauncher):
     """Simulated engines as local processes on free ports."""
 
     def __init__(self, settings: Settings) -> None:
-        super().__init__(SimEngine(settings))
+        super().__init__(SimEngineKind(settings))

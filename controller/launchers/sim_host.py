@@ -24,7 +24,7 @@ from controller.config import Settings
 from controller.errors import LaunchError
 from controller.launchers.base import Launched, Launcher, LaunchSpec, exit_reason
 from controller.launchers.process import free_port, spawn, stop_group, tail
-from controller.launchers.sim import SimEngine
+from controller.launchers.sim import SimEngineKind
 
 HOST_START_TIMEOUT_S = 30.0
 CONTROL_TIMEOUT_S = 30.0
@@ -52,7 +52,7 @@ class SimHostLauncher(Launcher):
     name = "sim"
 
     def __init__(self, settings: Settings) -> None:
-        self.engine = SimEngine(settings)
+        self.engine = SimEngineKind(settings)
         self.processes = settings.sim.processes
         self._hosts: list[_Host] = []
         self._http = httpx.AsyncClient(timeout=CONTROL_TIMEOUT_S)

@@ -58,7 +58,7 @@ def engine_flags(engine_args: dict[str, Any]) -> list[str]:
     return out
 
 
-class VllmEngine(EngineKind):
+class VllmEngineKind(EngineKind):
     """vLLM's OpenAI server with NixlConnector, for one instance."""
 
     name = "vllm"
@@ -127,12 +127,12 @@ class VllmLauncher(ProcessLauncher):
     """vLLM engines as local processes."""
 
     def __init__(self, settings: Settings) -> None:
-        super().__init__(VllmEngine(settings))
+        super().__init__(VllmEngineKind(settings))
 
     def argv(self, spec: LaunchSpec, port: int) -> list[str]:
-        assert isinstance(self.engine, VllmEngine)
+        assert isinstance(self.engine, VllmEngineKind)
         return self.engine.argv(spec, port)
 
     def env(self, spec: LaunchSpec, side_port: int) -> dict[str, str]:
-        assert isinstance(self.engine, VllmEngine)
+        assert isinstance(self.engine, VllmEngineKind)
         return self.engine.env(spec, side_port)
