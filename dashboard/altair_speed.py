@@ -1,7 +1,7 @@
 """Altair's ``from_dict`` builds a table of every schema class (about 2,300, each hashed
 through ``json.dumps``) on every call, and each encoding given as a shorthand string
 (``"time:T"``), a value or a condition goes through it: about 10 ms apiece when profiled
-(with ``ui.chart``: 0.92 of the render time on the Transfer and Pools pages, BENCHMARKS.md
+(with ``ui.plot.chart``: 0.92 of the render time on the Transfer and Pools pages, BENCHMARKS.md
 part 4). The table depends only on the classes, so it is built once per set of classes here.
 Upstream has the same change as a draft (vega/altair#3547); where a later Altair no longer
 has ``_FromDict`` this does nothing.

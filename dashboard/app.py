@@ -17,9 +17,11 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run by path: make ``dashboard`` importable as a package
     sys.path.insert(0, str(HERE.parent))
 
-from dashboard import ui  # noqa: E402
+from dashboard.ui import alerts  # noqa: E402
+from dashboard.ui.session import DOWN_KEY  # noqa: E402
+from dashboard.ui.sidebar import run_every, sidebar  # noqa: E402
 
-PAGES = [
+NAV_PAGES = [
     st.Page(HERE / "views" / "overview.py", title="Overview", icon=":material/speed:",
             url_path="overview", default=True),
     st.Page(HERE / "views" / "transfer.py", title="Transfer", icon=":material/swap_horiz:",
@@ -36,17 +38,17 @@ PAGES = [
 ]
 
 st.set_page_config(page_title="pdctl console", page_icon=":material/speed:", layout="wide")
-page = st.navigation(PAGES)
-ui.sidebar()
+chosen_page = st.navigation(NAV_PAGES)
+sidebar()
 
 
-@st.fragment(run_every=ui.run_every())
+@st.fragment(run_every=run_every())
 def connection() -> None:
-    ui.connection_banner()
+    alerts.connection_banner()
 
 
 connection()
-if st.session_state.get(ui.DOWN_KEY):
+if st.session_state.get(DOWN_KEY):
     st.stop()
-ui.scaled_time_banner()
-page.run()
+alerts.scaled_time_banner()
+chosen_page.run()

@@ -7,13 +7,11 @@ import altair as alt
 import pandas as pd
 
 from dashboard import altair_speed
-from dashboard.frames import PART_LABELS, PATHS
-from pdctl_api.schema import Role
+from dashboard.frames import PART_LABELS, PATHS, ROLE_NAMES
 
 altair_speed.install()
 
 PART_ORDER = list(PART_LABELS.values())
-ROLES = [r.value for r in Role]
 PART_COLORS = ["#9e9e9e", "#4c78a8", "#e45756", "#54a24b", "#d4b9da"]
 PATH_COLORS = ["#4c78a8", "#72b7b2", "#e45756"]
 PART_SCALE = alt.Scale(domain=PART_ORDER, range=PART_COLORS)
@@ -83,11 +81,25 @@ def ttft_percentiles(pct: pd.DataFrame, targets: dict[str, float] | None = None
     if not targets:
         return lines
     rules = pd.DataFrame({"label": list(targets), "ms": list(targets.values())})
-    rule = alt.Chart(rules).mark_rule(color="#b279a2", strokeDash=[6, 4]).encode(
-        y="ms:Q", tooltip=["label:N", alt.Tooltip("ms:Q", format=".0f")])
-    text = alt.Chart(rules).mark_text(align="left", dx=4, dy=-6, color="#b279a2").encode(
-        y="ms:Q", text="label:N")
-    return alt.LayerChart(layer=[lines, rule, text], height=HEIGHT)
+    return alt.LayerChart(layer=[lines, *_dashed_levels(rules, "ms", "#b279a2", ".0f")],
+                          height=HEIGHT)
+
+
+def _dashed_levels(levels: pd.DataFrame, field: str, color: str, fmt: str,
+                   labelled: bool = True) -> list[alt.Chart]:
+    """A dashed horizontal rule at each row's ``field`` (a target, a ceiling), its ``label``
+    in the tooltip and, when ``labelled``, written at its left end."""
+    rule = alt.Chart(levels).mark_rule(color=color, strokeDash=[6, 4]).encode(
+        y=f"{field}:Q", tooltip=["label:N", alt.Tooltip(f"{field}:Q", format=fmt)])
+    if not labelled:
+        return [rule]
+    text = alt.Chart(levels).mark_text(align="left", dx=4, dy=-6, color=color).encode(
+        y=f"{field}:Q", text="label:N")
+    return [rule, text]
+
+
+def _ceiling(ceiling_gbps: float, link: str) -> pd.DataFrame:
+    return pd.DataFrame({"gbps": [ceiling_gbps], "label": [f"{link} ceiling"]})
 
 
 def instance_requests(requests: pd.DataFrame) -> alt.Chart:
@@ -135,7 +147,7 @@ def annotate(chart: alt.Chart | alt.LayerChart, changes: pd.DataFrame
     return alt.LayerChart(layer=[chart, rule, text])
 
 
-def path_share(share: pd.DataFrame) -> alt.Chart:
+def path_share_ring(share: pd.DataFrame) -> alt.Chart:
     """Disaggregated vs colocated (and failed) requests in the window."""
     total = max(1, int(share["requests"].sum()))
     data = share.assign(share=share["requests"] / total)
@@ -166,12 +178,8 @@ def achieved_bandwidth(ts: pd.DataFrame, ceiling_gbps: float, link: str) -> alt.
         tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"),
                  alt.Tooltip("transfer_gbps:Q", format=".2f", title="GB/s")],
     )
-    ceiling = pd.DataFrame({"gbps": [ceiling_gbps], "label": [f"{link} ceiling"]})
-    rule = alt.Chart(ceiling).mark_rule(color="#e45756", strokeDash=[6, 4]).encode(
-        y="gbps:Q", tooltip=["label:N", alt.Tooltip("gbps:Q", format=".1f")])
-    text = alt.Chart(ceiling).mark_text(align="left", dx=4, dy=-6, color="#e45756").encode(
-        y="gbps:Q", text="label:N")
-    return alt.LayerChart(layer=[line, rule, text], height=HEIGHT)
+    ceiling = _dashed_levels(_ceiling(ceiling_gbps, link), "gbps", "#e45756", ".1f")
+    return alt.LayerChart(layer=[line, *ceiling], height=HEIGHT)
 
 
 def transfer_percentiles(df: pd.DataFrame) -> alt.Chart:
@@ -231,7 +239,7 @@ def instance_grid(instances: pd.DataFrame, metric: str = "kv_cache_usage") -> al
         tooltip=["id:N", "role:N", "state:N", "tp:Q", "running:Q", "waiting:Q", "inflight:Q",
                  alt.Tooltip("kv_cache_usage:Q", format=".1%")],
     ).properties(width=alt.Step(26), height=alt.Step(26))
-    return base.facet(row=alt.Row("role:N", sort=ROLES, title=None,
+    return base.facet(row=alt.Row("role:N", sort=ROLE_NAMES, title=None,
                                   header=alt.Header(labelFontSize=13, labelAngle=0,
                                                     labelAlign="left")))
 
@@ -270,13 +278,12 @@ def bandwidth_by_source(bw: pd.DataFrame, ceiling_gbps: float, link: str) -> alt
         tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"), "source:N",
                  alt.Tooltip("gbps:Q", format=".2f", title="GB/s")],
     )
-    ceiling = pd.DataFrame({"gbps": [ceiling_gbps], "label": [f"{link} ceiling"]})
-    rule = alt.Chart(ceiling).mark_rule(color="#e45756", strokeDash=[6, 4]).encode(
-        y="gbps:Q", tooltip=["label:N", alt.Tooltip("gbps:Q", format=".1f")])
-    return alt.LayerChart(layer=[lines, rule], height=HEIGHT)
+    ceiling = _dashed_levels(_ceiling(ceiling_gbps, link), "gbps", "#e45756", ".1f",
+                             labelled=False)
+    return alt.LayerChart(layer=[lines, *ceiling], height=HEIGHT)
 
 
-ROLE_SCALE = alt.Scale(domain=ROLES, range=["#4c78a8", "#f58518"])
+ROLE_SCALE = alt.Scale(domain=ROLE_NAMES, range=["#4c78a8", "#f58518"])
 
 
 def load_lines(load: pd.DataFrame, metric: str) -> alt.Chart:

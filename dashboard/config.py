@@ -21,6 +21,7 @@ from pathlib import Path
 from pdctl_api.client import DEFAULT_STATE_DIR, DEFAULT_URL, read_token
 
 DEFAULT_REFRESH_S = 2.0
+CACHE_TTL_S = 0.8  # how long a read is shared: shorter than the refresh, never stale
 RECENT_LIMIT = 200  # requests in the Overview's recent-requests chart
 
 

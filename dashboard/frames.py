@@ -30,6 +30,7 @@ PERCENTILES = ("p50", "p90", "p99")
 PATHS = ("disaggregated", "colocated", "errors")
 REQUEST_EXTRAS = ("prefill_instance", "decode_instance", "kv_handle", "suspect")
 SUSPECT_FLAG = "⚠ suspect"
+ROLE_NAMES = [r.value for r in Role]  # the ``role`` column's values, prefill first
 
 
 _LOCAL = datetime.now().astimezone().tzinfo
@@ -39,7 +40,7 @@ def _when(seconds: Any) -> pd.Series:
     return pd.to_datetime(pd.Series(seconds, dtype="float64"), unit="s", utc=True)
 
 
-REQUEST_COLUMNS = ["id", "started_at", "path", "status", "prompt_tokens", "output_tokens",
+REQUEST_FRAME_COLUMNS = ["id", "started_at", "path", "status", "prompt_tokens", "output_tokens",
                    "kv_bytes", "ttft_ms", *(f"{p}_ms" for p in PARTS), *REQUEST_EXTRAS]
 
 
@@ -55,7 +56,7 @@ def requests_frame(records: list[RequestPublic]) -> pd.DataFrame:
 
     ``suspect`` is False and ``kv_handle`` "" for records of an older controller that does
     not send them (the model's defaults)."""
-    df = pd.DataFrame([_request_row(r) for r in reversed(records)], columns=REQUEST_COLUMNS)
+    df = pd.DataFrame([_request_row(r) for r in reversed(records)], columns=REQUEST_FRAME_COLUMNS)
     for c in ("prefill_instance", "decode_instance", "kv_handle"):
         df[c] = df[c].astype("object")
     df["suspect"] = df["suspect"].astype(bool)

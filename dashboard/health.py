@@ -14,7 +14,7 @@ from typing import Literal
 from pdctl_api.schema import ClusterPublic, StatsPublic, TargetsPublic
 
 NEAR = 0.8
-Status = Literal["ok", "warn", "breach", "no data"]
+HealthStatus = Literal["ok", "warn", "breach", "no data"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Check:
 
 @dataclass(frozen=True)
 class Health:
-    status: Status
+    status: HealthStatus
     checks: tuple[Check, ...]
     pools: tuple[str, ...]  # pool problems, in words
 
@@ -76,7 +76,7 @@ def evaluate(stats: StatsPublic, targets: TargetsPublic, cluster: ClusterPublic)
     found, pools = checks(stats, targets), pool_problems(cluster)
     quarantined = any("quarantined" in p for p in pools)
     if any(c.broken for c in found) or quarantined:
-        status: Status = "breach"
+        status: HealthStatus = "breach"
     elif stats.requests == 0:
         status = "no data"
     elif any(c.near for c in found) or pools:

@@ -9,18 +9,16 @@ import pandas as pd
 
 from pdctl_api.schema import PlannerPublic, PlanPublic, Role
 
-ROLES = (Role.PREFILL, Role.DECODE)
-
 
 def sizes(history: list[PlanPublic]) -> pd.DataFrame:
     """One row per (pass, pool, series): current and recommended sizes over time."""
     rows = [{"time": datetime.fromtimestamp(p.at), "pool": role.value, "series": series,
              "instances": getattr(p, series)[role]}
-            for p in history for role in ROLES for series in ("current", "recommended")]
+            for p in history for role in Role for series in ("current", "recommended")]
     return pd.DataFrame(rows, columns=["time", "pool", "series", "instances"])
 
 
-def load(history: list[PlanPublic]) -> pd.DataFrame:
+def load_series(history: list[PlanPublic]) -> pd.DataFrame:
     """Observed request rate against the prediction made for it (modelled requests/s)."""
     rows = []
     for k, p in enumerate(history):
@@ -71,5 +69,5 @@ def pending_recommendation(planner: PlannerPublic) -> dict[Role, int] | None:
     if not planner.history:
         return None
     last = planner.history[-1]
-    diff = {r: last.recommended[r] for r in ROLES if last.recommended[r] != last.current[r]}
+    diff = {r: last.recommended[r] for r in Role if last.recommended[r] != last.current[r]}
     return diff or None

@@ -24,9 +24,9 @@ from urllib3.util.retry import Retry
 
 from dashboard.frames import PART_LABELS, PERCENTILES
 
-Result = list[dict[str, Any]]
+PromResult = list[dict[str, Any]]  # a query's series, as Prometheus's API sends them
 PROM_RATE_MIN_S = 40.0
-QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+HISTOGRAM_QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}  # of the TTFT histogram
 
 
 def _ttft_quantile(q: float) -> str:
@@ -35,7 +35,7 @@ def _ttft_quantile(q: float) -> str:
 
 QUERIES: dict[str, str] = {
     "request_rate": "sum by (path, status) (rate(pdctl_requests_total[{rate}]))",
-    **{f"ttft_{p}": _ttft_quantile(q) for p, q in QUANTILES.items()},
+    **{f"ttft_{p}": _ttft_quantile(q) for p, q in HISTOGRAM_QUANTILES.items()},
     "part_mean": "sum by (component) (rate(pdctl_ttft_component_seconds_sum[{rate}])) / "
                  "sum by (component) (rate(pdctl_ttft_component_seconds_count[{rate}]))",
     "part_p99": "histogram_quantile(0.99, sum by (component, le) "
@@ -56,12 +56,13 @@ def expr(name: str, rate: str) -> str:
     return QUERIES[name].replace("{rate}", rate)
 
 
-def duration(seconds: float) -> str:
+def prom_duration(seconds: float) -> str:
+    """A PromQL duration: whole seconds, rounded up, at least one (``"40s"``)."""
     return f"{max(1, math.ceil(seconds))}s"
 
 
 def rate_window(step_s: float) -> str:
-    return duration(max(PROM_RATE_MIN_S, 2 * step_s))
+    return prom_duration(max(PROM_RATE_MIN_S, 2 * step_s))
 
 
 class PromError(Exception):
@@ -91,16 +92,16 @@ class PromClient:
     def close(self) -> None:
         self._conn.close()
 
-    def range(self, query: str, start: float, end: float, step_s: float) -> Result:
+    def range(self, query: str, start: float, end: float, step_s: float) -> PromResult:
         """``query_range`` from ``start`` to ``end`` (Unix seconds) every ``step_s``."""
         t0, t1 = (datetime.fromtimestamp(t, tz=UTC) for t in (start, end))
         return self._call(lambda: self._conn.custom_query_range(query, t0, t1,
-                                                                step=duration(step_s)))
+                                                                step=prom_duration(step_s)))
 
-    def instant(self, query: str) -> Result:
+    def instant(self, query: str) -> PromResult:
         return self._call(lambda: self._conn.custom_query(query))
 
-    def _call(self, fn: Callable[[], Any]) -> Result:
+    def _call(self, fn: Callable[[], Any]) -> PromResult:
         try:
             result = fn()
         except requests.RequestException as exc:
@@ -111,8 +112,8 @@ class PromClient:
 
 
 @dataclass(frozen=True)
-class Window:
-    """What a live card asks for: the last ``window_s`` seconds up to ``end``."""
+class PromRange:
+    """A range query: the last ``window_s`` seconds up to ``end``, a point every ``step_s``."""
 
     end: float
     window_s: float
@@ -127,13 +128,13 @@ class Window:
         return rate_window(self.step_s)
 
 
-def fetch(client: PromClient, name: str, w: Window) -> Result:
+def fetch(client: PromClient, name: str, w: PromRange) -> PromResult:
     return client.range(expr(name, w.rate), w.start, w.end, w.step_s)
 
 
 # ---- results -> frames (pure) ---------------------------------------------------------------
 
-def long_frame(result: Result, label: str | None = None, scale: float = 1.0) -> pd.DataFrame:
+def long_frame(result: PromResult, label: str | None = None, scale: float = 1.0) -> pd.DataFrame:
     """``time, key, value`` rows of a range result; ``key`` is the series' ``label`` value.
     NaN points (no data in the rate window, 0/0) are dropped."""
     rows = []
@@ -148,7 +149,7 @@ def long_frame(result: Result, label: str | None = None, scale: float = 1.0) -> 
     return df[["time", "key", "value"]]
 
 
-def percentiles_frame(results: dict[str, Result]) -> pd.DataFrame:
+def percentiles_frame(results: dict[str, PromResult]) -> pd.DataFrame:
     """TTFT percentile lines (``time, percentile, ms``) from the ``ttft_p*`` queries."""
     parts = [long_frame(results[f"ttft_{p}"], scale=1e3).assign(percentile=p)
              for p in PERCENTILES]
@@ -156,7 +157,7 @@ def percentiles_frame(results: dict[str, Result]) -> pd.DataFrame:
     return df.rename(columns={"value": "ms"})[["time", "percentile", "ms"]]
 
 
-def parts_frame(result: Result) -> pd.DataFrame:
+def parts_frame(result: PromResult) -> pd.DataFrame:
     """Per TTFT part (``time, part, ms``), from ``part_mean`` or ``part_p99``."""
     df = long_frame(result, "component", scale=1e3)
     df = df[df["key"].isin(list(PART_LABELS))]
@@ -164,7 +165,7 @@ def parts_frame(result: Result) -> pd.DataFrame:
                          "ms": df["value"]}).reset_index(drop=True)
 
 
-def rate_frame(result: Result) -> pd.DataFrame:
+def rate_frame(result: PromResult) -> pd.DataFrame:
     """Requests per second by path (``time, path, per_s``); every non-ok status is an error."""
     rows = []
     for series in result:
@@ -179,14 +180,14 @@ def rate_frame(result: Result) -> pd.DataFrame:
     return df.groupby(["time", "path"], as_index=False)["per_s"].sum()
 
 
-def kv_frame(result: Result, step_s: float) -> pd.DataFrame:
+def kv_frame(result: PromResult, step_s: float) -> pd.DataFrame:
     """KV moved (``time, kv_gb_per_s, kv_bytes``; bytes per step) for ``charts.kv_throughput``."""
     df = long_frame(result)
     return pd.DataFrame({"time": df["time"], "kv_gb_per_s": df["value"] / 1e9,
                          "kv_bytes": df["value"] * step_s})
 
 
-def bandwidth_frame(nixl: Result, accounted: Result) -> pd.DataFrame:
+def bandwidth_frame(nixl: PromResult, accounted: PromResult) -> pd.DataFrame:
     """Achieved transfer bandwidth (``time, source, gbps``): the engines' NIXL counters, and
     the controller's accounted transfer time."""
     a = long_frame(nixl).assign(source="engines (NIXL)")
@@ -209,7 +210,7 @@ def instance_query(name: str, instance_id: str) -> str:
     return f'{ENGINE_SERIES[name]}{{instance="{quoted}"}}'
 
 
-def load_frame(results: dict[str, Result]) -> pd.DataFrame:
+def load_frame(results: dict[str, PromResult]) -> pd.DataFrame:
     """Engine load by role (``time, role, metric, value``)."""
     parts = [long_frame(results[name], "role").assign(metric=title)
              for name, title in LOAD_METRICS.items()]

@@ -5,79 +5,81 @@ Controls page and the Pools page's instance drill-down. Streamlit glue."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import streamlit as st
 
-from dashboard import ui
 from dashboard.changes import PendingChange
 from dashboard.client import ApiError
+from dashboard.ui import errors
+from dashboard.ui.reads import forget_reads
+from dashboard.ui.session import client
 
-PENDING = "pdctl_pending"  # (section, PendingChange) awaiting confirmation
-OUTCOME = "pdctl_outcome"  # (section, ok, message) of the last change
+PENDING_CHANGE_KEY = "pdctl_pending"  # (section, PendingChange) awaiting confirmation
+CHANGE_OUTCOME_KEY = "pdctl_outcome"  # (section, ok, message) of the last change
 
 
-def _send(section: str, what: str, call: Any) -> None:
-    try:
-        call()
-    except ApiError as exc:
-        st.session_state[OUTCOME] = (section, False, exc)
+def _send_change(section: str, what: str, call: Callable[[], Any]) -> None:
+    refused = errors.attempt(call)
+    if isinstance(refused, ApiError):
+        st.session_state[CHANGE_OUTCOME_KEY] = (section, False, refused)
         return
-    ui.forget_reads()
-    st.session_state[OUTCOME] = (section, True, what)
+    forget_reads()
+    st.session_state[CHANGE_OUTCOME_KEY] = (section, True, what)
 
 
 def confirm_pending() -> None:
     """Button callback: send the reviewed change."""
-    held: tuple[str, PendingChange] | None = st.session_state.pop(PENDING, None)
+    held: tuple[str, PendingChange] | None = st.session_state.pop(PENDING_CHANGE_KEY, None)
     if held is None:
         return
     section, p = held
-    c = ui.client()
+    c = client()
     if p.kind == "pool" and p.role is not None:
         role = p.role
-        _send(section, f"{p.title}: sent, the pool is converging",
+        _send_change(section, f"{p.title}: sent, the pool is converging",
               lambda: c.set_pool(role, size=p.size, tp=p.tp))
     elif p.kind == "drain" and p.instance_id is not None:
         iid = p.instance_id
-        _send(section, f"{iid} is draining", lambda: c.drain(iid))
+        _send_change(section, f"{iid} is draining", lambda: c.drain(iid))
     elif p.kind == "targets" and p.patch:
         change = dict(p.patch)
-        _send(section, "targets updated: " + ", ".join(
+        _send_change(section, "targets updated: " + ", ".join(
             f"{k}={val:g}" for k, val in change.items()), lambda: c.set_targets(change))
     elif p.kind == "routing" and p.patch:
         patch = dict(p.patch)
-        _send(section, "routing updated: " + ", ".join(
+        _send_change(section, "routing updated: " + ", ".join(
             f"{k}={val}" for k, val in patch.items()), lambda: c.set_routing(patch))
 
 
 def cancel_pending() -> None:
-    st.session_state.pop(PENDING, None)
+    st.session_state.pop(PENDING_CHANGE_KEY, None)
 
 
 def review(section: str, change: PendingChange | None) -> None:
-    st.session_state.pop(OUTCOME, None)
+    st.session_state.pop(CHANGE_OUTCOME_KEY, None)
     if change is None:
-        st.session_state.pop(PENDING, None)
-        st.session_state[OUTCOME] = (section, True, "nothing to change")
+        st.session_state.pop(PENDING_CHANGE_KEY, None)
+        st.session_state[CHANGE_OUTCOME_KEY] = (section, True, "nothing to change")
     else:
-        st.session_state[PENDING] = (section, change)
+        st.session_state[PENDING_CHANGE_KEY] = (section, change)
 
 
 def show_outcome(section: str) -> None:
     """The result of this section's last change: a toast, or the controller's refusal."""
-    outcome = st.session_state.get(OUTCOME)
+    outcome = st.session_state.get(CHANGE_OUTCOME_KEY)
     if not outcome or outcome[0] != section:
         return
     _, ok, body = outcome
-    ui.change_outcome(ok, body)
+    errors.change_outcome(ok, body)
     if ok:
-        st.session_state.pop(OUTCOME, None)
+        st.session_state.pop(CHANGE_OUTCOME_KEY, None)
 
 
 def show_pending(section: str) -> None:
     """The confirmation step for a reviewed change of this section."""
-    held = st.session_state.get(PENDING)
+    held = st.session_state.get(PENDING_CHANGE_KEY)
     if not held or held[0] != section:
         return
     change: PendingChange = held[1]

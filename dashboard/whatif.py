@@ -44,7 +44,7 @@ def estimate(model: str, prompt_tokens: int, link: str, hardware: str | None = N
                   profiles.transfer_seconds(nbytes, lk) * 1e3, prefill_ms)
 
 
-def sweep(model: str, links: Iterable[str], tokens: Iterable[int] = SWEEP_TOKENS
+def transfer_sweep(model: str, links: Iterable[str], tokens: Iterable[int] = SWEEP_TOKENS
           ) -> pd.DataFrame:
     """Transfer time (ms, bandwidth + latency) by prompt length for each link."""
     m = profiles.model(model)

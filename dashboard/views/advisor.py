@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, ui, whatif
-from dashboard.client import ApiError
+from dashboard import charts, whatif
+from dashboard.ui import errors, plot, reads
+from dashboard.ui.figures import fmt_bytes, fmt_ms
+from dashboard.ui.sidebar import run_every
 from pdctl_api import profiles
 from pdctl_api.schema import AdvisorPublic, ClusterPublic, Role
 
@@ -34,13 +36,10 @@ def fleet(advice: AdvisorPublic, cluster: ClusterPublic) -> None:
                    help=f"decode {d.size} x TP{d.tp}, prefill {p.size} x TP{p.tp}")
 
 
-@st.fragment(run_every=ADVICE_EVERY_S if ui.run_every() else None)
+@st.fragment(run_every=ADVICE_EVERY_S if run_every() else None)
+@errors.card
 def advice_card() -> None:
-    try:
-        advice, cluster = ui.advisor(), ui.cluster()
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+    advice, cluster = reads.advisor(), reads.cluster()
     verdict, traffic, kv = advice.verdict, advice.traffic, advice.kv_transfer
     box = VERDICT_BOX.get(verdict.decision, st.info)
     box(f"**Verdict: {verdict.decision}**\n\n" +
@@ -56,8 +55,8 @@ def advice_card() -> None:
     fleet(advice, cluster)
     observed = kv.observed_share_of_ttft_p50
     cols = st.columns(4)
-    cols[0].metric(f"KV at mean ISL ({kv.link})", ui.fmt_bytes(kv.kv_bytes_at_mean_isl))
-    cols[1].metric("Transfer time", ui.fmt_ms(kv.transfer_ms),
+    cols[0].metric(f"KV at mean ISL ({kv.link})", fmt_bytes(kv.kv_bytes_at_mean_isl))
+    cols[1].metric("Transfer time", fmt_ms(kv.transfer_ms),
                    help=f"wire {kv.wire_ms:.2f} ms + link latency")
     cols[2].metric("Transfer share (model)", f"{kv.modelled_share_of_ttft:.0%}",
                    help="transfer / (prefill + transfer) at the mean ISL")
@@ -86,10 +85,10 @@ def what_if(cluster: ClusterPublic) -> None:
     tp = cluster.pools[Role.PREFILL].desired.tp
     est = whatif.estimate(model, int(tokens), chosen, hw, tp)
     cols = st.columns(4)
-    cols[0].metric("KV cache", ui.fmt_bytes(est.kv_bytes),
+    cols[0].metric("KV cache", fmt_bytes(est.kv_bytes),
                    help="2 x layers x kv_heads x head_dim x tokens x dtype bytes")
-    cols[1].metric("Wire time", ui.fmt_ms(est.wire_ms), help="bytes / link bandwidth")
-    cols[2].metric("Transfer time", ui.fmt_ms(est.transfer_ms),
+    cols[1].metric("Wire time", fmt_ms(est.wire_ms), help="bytes / link bandwidth")
+    cols[2].metric("Transfer time", fmt_ms(est.transfer_ms),
                    help="wire time + the link's typical latency")
     share = est.transfer_share
     cols[3].metric(f"Share vs prefill ({hw}, TP{tp})",
@@ -97,12 +96,14 @@ def what_if(cluster: ClusterPublic) -> None:
                    help=None if est.prefill_ms is None else
                    f"prefill {est.prefill_ms:.1f} ms at TP{tp}: transfer / (prefill + "
                    "transfer), the lowest share of TTFT the transfer can take")
-    ui.chart(st, charts.transfer_by_link(whatif.sweep(model, links), chosen, int(tokens)),
-                    width="stretch")
+    plot.chart(st, charts.transfer_by_link(whatif.transfer_sweep(model, links), chosen,
+                                           int(tokens)), width="stretch")
+
+
+@errors.card
+def what_if_card() -> None:
+    what_if(reads.cluster())
 
 
 advice_card()
-try:
-    what_if(ui.cluster())
-except ApiError as exc:
-    ui.card_error(exc)
+what_if_card()

@@ -11,11 +11,14 @@ from typing import Any, get_args
 
 import streamlit as st
 
-from dashboard import changes, integrity, review, ui
+from dashboard import changes, integrity, review
 from dashboard.client import ApiError
+from dashboard.ui import alerts, errors, reads
+from dashboard.ui.session import client
+from dashboard.ui.sidebar import run_every
 from pdctl_api.schema import InstancePublic, PolicyName, PoolPublic, Role, RoutingPublic
 
-POLICIES: list[str] = list(get_args(PolicyName))
+POLICY_NAMES: list[str] = list(get_args(PolicyName))  # the router's, for each pool
 
 st.title("Controls")
 st.caption("Every change goes through the control API and lands in the audit log (Events)")
@@ -30,25 +33,21 @@ def review_pool(role: Role, size: int, tp: int, new_size: int, new_tp: int) -> N
     if request is None:
         review.review(role, None)
         return
-    st.session_state.pop(review.PENDING, None)
-    try:
-        plan = ui.client().plan_pool(role, size=request.size, tp=request.tp)
-    except ApiError as exc:
-        st.session_state[review.OUTCOME] = (role, False, exc)
+    st.session_state.pop(review.PENDING_CHANGE_KEY, None)
+    plan = errors.attempt(lambda: client().plan_pool(role, size=request.size, tp=request.tp))
+    if isinstance(plan, ApiError):
+        st.session_state[review.CHANGE_OUTCOME_KEY] = (role, False, plan)
         return
     review.review(role, changes.pool_change(role, size, tp, plan))
 
 
 # ---- convergence (live) ------------------------------------------------------------------------
 
-@st.fragment(run_every=ui.run_every())
+@st.fragment(run_every=run_every())
+@errors.card
 def convergence() -> None:
     st.subheader("Convergence")
-    try:
-        cl = ui.cluster()
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+    cl = reads.cluster()
     cols = st.columns(2)
     for col, role in zip(cols, Role, strict=True):
         pool = cl.pools[role]
@@ -104,11 +103,12 @@ def drain_form(instances: list[InstancePublic]) -> None:
             if choice in candidates:
                 review.review("drain", changes.drain_change(candidates[choice]))
             elif choice:
-                st.session_state[review.OUTCOME] = ("drain", False,
-                                             f"{choice} can no longer be drained (it is no "
-                                             "longer ready or starting)")
+                st.session_state[review.CHANGE_OUTCOME_KEY] = (
+                    "drain", False, f"{choice} can no longer be drained (it is no longer ready "
+                    "or starting)")
             else:
-                st.session_state[review.OUTCOME] = ("drain", False, "choose an instance to drain")
+                st.session_state[review.CHANGE_OUTCOME_KEY] = ("drain", False,
+                                                               "choose an instance to drain")
     review.show_pending("drain")
     review.show_outcome("drain")
 
@@ -119,11 +119,11 @@ def routing_form(current: RoutingPublic) -> None:
         st.markdown("**Routing** · effective for the next request")
         a, b = st.columns(2)
         wanted: dict[str, Any] = {
-            "prefill_policy": a.selectbox("prefill policy", POLICIES,
-                                          index=POLICIES.index(current.prefill_policy),
+            "prefill_policy": a.selectbox("prefill policy", POLICY_NAMES,
+                                          index=POLICY_NAMES.index(current.prefill_policy),
                                           key=f"r-pp-{v}"),
-            "decode_policy": b.selectbox("decode policy", POLICIES,
-                                         index=POLICIES.index(current.decode_policy),
+            "decode_policy": b.selectbox("decode policy", POLICY_NAMES,
+                                         index=POLICY_NAMES.index(current.decode_policy),
                                          key=f"r-dp-{v}"),
             "disagg_min_prompt_tokens": a.number_input(
                 "disaggregate from prompt tokens", min_value=0,
@@ -160,22 +160,18 @@ def routing_form(current: RoutingPublic) -> None:
             patch = changes.routing_patch(current, wanted)
             prompts = None
             if "disagg_min_prompt_tokens" in patch:
-                try:
-                    prompts = [r.prompt_tokens for r in ui.recent_requests()]
-                except ApiError:
-                    prompts = None  # the preview is left out; the change itself is not
+                # Unread, the preview is left out; the change itself is not.
+                prompts = errors.quietly(
+                    lambda: [r.prompt_tokens for r in reads.recent_requests()], None)
             review.review("routing", changes.routing_change(current, patch, prompts)
-                   if patch else None)
+                          if patch else None)
     review.show_pending("routing")
     review.show_outcome("routing")
 
 
+@errors.card
 def targets_form() -> None:
-    try:
-        current = ui.targets()
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+    current = reads.targets()
     if current is None:
         st.caption("This controller has no service targets (older than them).")
         return
@@ -205,30 +201,32 @@ def targets_form() -> None:
 
 # ---- page --------------------------------------------------------------------------------
 
+@errors.card
+def change_forms() -> None:
+    """Every form of the page, from one read of the cluster."""
+    cluster = reads.cluster()
+    max_tp = cluster.hardware.accelerators_per_node
+    hw = cluster.hardware
+    st.subheader("Pools")
+    st.caption(f"Accelerators: {hw.used_accelerators} used of {hw.total_accelerators} "
+               f"({hw.nodes} node{'s' if hw.nodes != 1 else ''} x {hw.accelerators_per_node} "
+               f"{hw.accelerator}), {hw.total_accelerators - hw.used_accelerators} free")
+    cols = st.columns(2)
+    for col, pool_role in zip(cols, Role, strict=True):
+        with col:
+            pool_form(pool_role, cluster.pools[pool_role], max_tp)
+    st.subheader("Instances and routing")
+    left, right = st.columns(2)
+    with left:
+        drain_form(cluster.instances)
+    with right:
+        routing_form(cluster.routing)
+    with left:
+        targets_form()
+
+
 convergence()
-if not ui.may_change():
-    st.info(ui.READ_ONLY_NOTE, icon=":material/visibility:")
-    st.stop()
-try:
-    cluster = ui.cluster()
-except ApiError as exc:
-    ui.card_error(exc)
-    st.stop()
-max_tp = cluster.hardware.accelerators_per_node
-hw = cluster.hardware
-st.subheader("Pools")
-st.caption(f"Accelerators: {hw.used_accelerators} used of {hw.total_accelerators} "
-           f"({hw.nodes} node{'s' if hw.nodes != 1 else ''} x {hw.accelerators_per_node} "
-           f"{hw.accelerator}), {hw.total_accelerators - hw.used_accelerators} free")
-cols = st.columns(2)
-for col, pool_role in zip(cols, Role, strict=True):
-    with col:
-        pool_form(pool_role, cluster.pools[pool_role], max_tp)
-st.subheader("Instances and routing")
-left, right = st.columns(2)
-with left:
-    drain_form(cluster.instances)
-with right:
-    routing_form(cluster.routing)
-with left:
-    targets_form()
+if reads.may_change():
+    change_forms()
+else:
+    alerts.read_only_note()

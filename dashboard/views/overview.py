@@ -9,36 +9,39 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, frames, health, prom, ui
-from dashboard.client import ApiError
+from dashboard import charts, frames, health, prom
+from dashboard.config import RECENT_LIMIT, step_for
+from dashboard.ui import alerts, errors, plot, prom_reads, reads, tables
+from dashboard.ui.figures import fmt_ms, rate_basis
+from dashboard.ui.session import client
+from dashboard.ui.sidebar import run_every
+from dashboard.ui.timerange import TimeRange, clock, time_range
 
-rng = ui.time_range()
 st.title("Overview")
-st.caption(f"{rng.label()} · from `/api/v1/stats`, `/api/v1/timeseries`, "
-           f"`/api/v1/requests?limit={ui.RECENT_LIMIT}` and `/api/v1/cluster`")
+st.caption(f"{time_range().label()} · from `/api/v1/stats`, `/api/v1/timeseries`, "
+           f"`/api/v1/requests?limit={RECENT_LIMIT}` and `/api/v1/cluster`")
 
 
-@st.fragment(run_every=ui.run_every())
-def headline() -> None:
-    try:
-        s, cl, targets = ui.stats(rng), ui.cluster(), ui.targets()
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+@st.fragment(run_every=run_every())
+@errors.card
+def latency_headline() -> None:
+    """Health, the alerts, then the window's rate, TTFT and its parts, the tail."""
+    rng = time_range()
+    s, cl, targets = reads.range_stats(rng), reads.cluster(), reads.targets()
     if targets is not None:
-        ui.health_banner(health.evaluate(s, targets, cl))
-    ui.prometheus_alerts()
-    ui.kv_integrity_alerts(s, rng.window_s)
-    ui.quarantine_alerts(cl, " See Pools.")
+        alerts.health_banner(health.evaluate(s, targets, cl))
+    alerts.prometheus_alerts()
+    alerts.kv_integrity_alerts(s, rng.window_s)
+    alerts.quarantine_alerts(cl, " See Pools.")
     share = s.transfer_share
-    ui.transfer_alert(share)
+    alerts.transfer_alert(share)
     cols = st.columns(5)
     none = s.requests == 0
     cols[0].metric("Request rate", f"{s.request_rate:.1f} /s",
                    help=f"{s.requests} requests in the window ({s.total_requests} total), "
-                        f"{ui.rate_basis(s)}")
-    cols[1].metric("TTFT p50", "no data" if none else ui.fmt_ms(s.ttft_ms.p50))
-    cols[2].metric("TTFT p99", "no data" if none else ui.fmt_ms(s.ttft_ms.p99))
+                        f"{rate_basis(s)}")
+    cols[1].metric("TTFT p50", "no data" if none else fmt_ms(s.ttft_ms.p50))
+    cols[2].metric("TTFT p99", "no data" if none else fmt_ms(s.ttft_ms.p99))
     cols[3].metric("Disaggregated", f"{s.disaggregated_share:.0%}",
                    help="share of successful requests that took the two-hop path")
     cols[4].metric("Transfer share of TTFT", f"{share.p50:.0%}",
@@ -47,13 +50,13 @@ def headline() -> None:
     tail = st.columns(5)
     gap, worst = s.gap_p99_ms, s.gap_max_ms
     streamed = gap is not None and gap.max > 0
-    tail[0].metric("Inter-token gap p99", ui.fmt_ms(gap.p99) if streamed and gap else
+    tail[0].metric("Inter-token gap p99", fmt_ms(gap.p99) if streamed and gap else
                    "no data", help="p99 over streamed requests of each one's own p99 gap "
                                    "between tokens as the router relayed them (stalls "
                                    "included; a mean ITL hides them)")
-    tail[1].metric("Worst gap p99", ui.fmt_ms(worst.p99) if streamed and worst else "no data",
+    tail[1].metric("Worst gap p99", fmt_ms(worst.p99) if streamed and worst else "no data",
                    help="p99 over streamed requests of each one's worst gap")
-    tail[2].metric("Mean ITL p50", "no data" if none else ui.fmt_ms(s.itl_ms.p50),
+    tail[2].metric("Mean ITL p50", "no data" if none else fmt_ms(s.itl_ms.p50),
                    help="each request's mean inter-token latency, as its engine reports it")
     tail[3].metric("Output tokens", f"{s.output_tokens_per_s:,.0f} /s"
                    if s.output_tokens_per_s is not None else "n/a",
@@ -61,16 +64,16 @@ def headline() -> None:
     tail[4].metric("Error rate", f"{s.error_rate:.1%}" if s.error_rate is not None else "n/a",
                    help="failed and refused (429) requests over all requests in the window")
     st.markdown("**Mean TTFT, part by part** — the means add up to the mean TTFT "
-                f"({'no data' if none else ui.fmt_ms(s.ttft_ms.mean)})")
+                f"({'no data' if none else fmt_ms(s.ttft_ms.mean)})")
     parts = st.columns(5)
     for col, part in zip(parts, frames.PARTS, strict=True):
         c = s.components_ms.part(part)
-        col.metric(frames.PART_LABELS[part], "no data" if none else ui.fmt_ms(c.mean),
+        col.metric(frames.PART_LABELS[part], "no data" if none else fmt_ms(c.mean),
                    help=f"p50 {c.p50:.2f} · p90 {c.p90:.2f} · p99 {c.p99:.2f} ms")
     d = (s.by_path or {}).get("disaggregated")
     if d is not None and d.requests:
         st.caption(f"KV transfer of the disaggregated requests alone: p50 "
-                   f"{ui.fmt_ms(d.transfer_ms.p50)} · p99 {ui.fmt_ms(d.transfer_ms.p99)} (the "
+                   f"{fmt_ms(d.transfer_ms.p50)} · p99 {fmt_ms(d.transfer_ms.p99)} (the "
                    "mean above counts colocated requests, which move no KV, as 0)")
     with st.expander("Percentiles of TTFT and each part (ms)", key="overview-percentiles",
                      on_change="rerun") as box:
@@ -79,6 +82,7 @@ def headline() -> None:
 
 
 @st.fragment
+@errors.card
 def find_request() -> None:
     """One request by id (``X-Request-Id``, or the id the controller gave it)."""
     with st.form("find-request", border=False):
@@ -88,31 +92,25 @@ def find_request() -> None:
         asked = right.form_submit_button("Find")
     if not asked or not rid.strip():
         return
-    try:
-        found = ui.client().request(rid.strip())
-    except ApiError as exc:
-        if exc.status == 404:
-            st.warning(exc.detail, icon=":material/search_off:")
-        else:
-            ui.card_error(exc)
+    found = reads.request_by_id(rid.strip())
+    if isinstance(found, str):
+        st.warning(found, icon=":material/search_off:")
         return
     st.markdown(f"**{found.id}** · {found.path.value} · {found.status} · started "
-                f"{ui.clock(found.started_at)} · TTFT {ui.fmt_ms(found.ttft_ms)}")
-    ui.requests_table(frames.requests_frame([found]))
+                f"{clock(found.started_at)} · TTFT {fmt_ms(found.ttft_ms)}")
+    tables.requests_table(frames.requests_frame([found]))
 
 
-@st.fragment(run_every=ui.run_every())
+@st.fragment(run_every=run_every())
+@errors.card
 def recent() -> None:
     st.subheader("Recent requests")
-    try:
-        df = ui.requests_in(rng)  # the window's, like every card
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+    rng = time_range()
+    df = reads.requests_in(rng)  # the window's, like every card
     if df.empty:
         st.info(f"No requests {rng.within()}.")
         return
-    ui.chart(st, charts.ttft_recent(frames.parts_long(df)), width="stretch")
+    plot.chart(st, charts.ttft_recent(frames.parts_long(df)), width="stretch")
     suspect = int(df["suspect"].sum())
     if suspect:
         st.caption("Outlined in red: suspect requests, whose decode hop read KV blocks the "
@@ -122,33 +120,31 @@ def recent() -> None:
     with st.expander(label, expanded=bool(suspect), key="overview-recent-table",
                      on_change="rerun") as box:
         if box.open or suspect:  # drawn only while open, or when a suspect must be seen
-            ui.requests_table(df)
+            tables.requests_table(df)
 
 
 TTFT_QUERIES = ("part_mean", "part_p99", *(f"ttft_{p}" for p in frames.PERCENTILES))
 
 
-@st.fragment(run_every=ui.run_every())
-def over_time() -> None:
+@st.fragment(run_every=run_every())
+@errors.card
+def ttft_over_time() -> None:
     st.subheader("TTFT over time")
-    res = ui.prom_results(TTFT_QUERIES, rng)
+    rng = time_range()
+    res = prom_reads.prom_results(TTFT_QUERIES, rng)
     if res is not None:
-        prom_over_time(res)
+        ttft_over_time_prom(res, rng)
         return
-    try:
-        ts = frames.timeseries_frame(ui.timeseries(rng))
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+    ts = frames.timeseries_frame(reads.range_timeseries(rng))
     if not (ts["requests"] > 0).any():
         st.info(f"No requests {rng.within()}: no TTFT to draw.")
         return
-    marks = change_marks()
+    marks = range_change_marks(rng)
     left, right = st.columns(2)
-    left.caption(f"Mean of each part per {ui.step_for(rng.window_s):g} s bucket; green: changes "
+    left.caption(f"Mean of each part per {step_for(rng.window_s):g} s bucket; green: changes "
                  "to the cluster")
     start, end = rng.start(), rng.stop()
-    ui.chart(left, charts.span(charts.annotate(
+    plot.chart(left, charts.span(charts.annotate(
         charts.ttft_parts_over_time(frames.ts_parts_long(ts)), marks), start, end),
         width="stretch")
     pct = frames.ts_percentiles_long(ts)
@@ -158,27 +154,22 @@ def over_time() -> None:
     right.caption("TTFT percentiles per bucket; dashed: the targets" + (
         "; " + ", ".join(f"{k} {v:,.0f} ms" for k, v in above.items()) + " far above"
         if above else ""))
-    ui.chart(right, charts.span(charts.annotate(charts.ttft_percentiles(pct, shown), marks),
-                                   start, end), width="stretch")
+    plot.chart(right, charts.span(charts.annotate(charts.ttft_percentiles(pct, shown), marks),
+                                  start, end), width="stretch")
 
 
 CHANGE_EVENTS = 200  # audit events read for the charts' change marks
 
 
-def change_marks() -> pd.DataFrame:
-    """The cluster's changes within the window, for the time-series charts."""
-    try:
-        events = ui.events(CHANGE_EVENTS, None)
-    except ApiError:
-        events = []
+def range_change_marks(rng: TimeRange) -> pd.DataFrame:
+    """The cluster's changes within the range, for the time-series charts (none where the
+    events cannot be read: the chart itself still shows)."""
+    events = errors.quietly(lambda: reads.audit_events(CHANGE_EVENTS, None), [])
     return frames.change_marks(events, rng.start(), rng.stop())
 
 
 def target_lines() -> dict[str, float] | None:
-    try:
-        t = ui.targets()
-    except ApiError:
-        return None
+    t = errors.quietly(reads.targets, None)
     return None if t is None else {"p95 target": t.ttft_p95_ms, "p99 target": t.ttft_p99_ms}
 
 
@@ -190,84 +181,79 @@ def on_scale(lines: dict[str, float] | None, observed_max: float) -> dict[str, f
     return {k: v for k, v in lines.items() if v <= 2 * max(observed_max, 1e-9)}
 
 
-def prom_over_time(res: dict[str, prom.Result]) -> None:
-    marks = change_marks()
+def ttft_over_time_prom(res: dict[str, prom.PromResult], rng: TimeRange) -> None:
+    marks = range_change_marks(rng)
     left, right = st.columns(2)
-    left.caption(ui.prom_caption("Mean of each part (`pdctl_ttft_component_seconds`); "
-                                 "green: changes to the cluster", rng))
-    ui.chart(left, charts.annotate(charts.ttft_parts_over_time(
+    left.caption(prom_reads.prom_caption("Mean of each part (`pdctl_ttft_component_seconds`); "
+                                         "green: changes to the cluster", rng))
+    plot.chart(left, charts.annotate(charts.ttft_parts_over_time(
         prom.parts_frame(res["part_mean"])), marks), width="stretch")
-    right.caption(ui.prom_caption("TTFT percentiles (`pdctl_ttft_seconds`); dashed: the "
-                                  "targets", rng))
+    right.caption(prom_reads.prom_caption("TTFT percentiles (`pdctl_ttft_seconds`); dashed: "
+                                          "the targets", rng))
     pct = prom.percentiles_frame(res)
-    ui.chart(right, charts.ttft_percentiles(pct, on_scale(
+    plot.chart(right, charts.ttft_percentiles(pct, on_scale(
         target_lines(), float(pct["ms"].max()) if not pct.empty else 0.0)), width="stretch")
-    st.caption(ui.prom_caption("p99 of each TTFT part (`histogram_quantile`, bucket "
-                               "resolution)", rng))
-    ui.chart(st, charts.part_lines(prom.parts_frame(res["part_p99"]), "p99 (ms)"),
-                    width="stretch")
+    st.caption(prom_reads.prom_caption("p99 of each TTFT part (`histogram_quantile`, bucket "
+                                       "resolution)", rng))
+    plot.chart(st, charts.part_lines(prom.parts_frame(res["part_p99"]), "p99 (ms)"),
+               width="stretch")
 
 
 BEFORE_AFTER_S = 120.0  # each side of the last change
 
 
-@st.fragment(run_every=ui.run_every())
+@st.fragment(run_every=run_every())
+@errors.card
 def last_change() -> None:
     """The newest change to the cluster in the window, and the traffic either side of it."""
-    try:
-        marks = frames.change_marks(ui.events(CHANGE_EVENTS, None), rng.start(), rng.stop())
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+    rng = time_range()
+    marks = frames.change_marks(reads.audit_events(CHANGE_EVENTS, None), rng.start(),
+                                rng.stop())
     if marks.empty:
         return
     last = marks.iloc[-1]
     at = last["time"].timestamp()
     st.subheader("Last change: before and after")
     after_s = min(BEFORE_AFTER_S, rng.stop() - at)
-    st.caption(f"{last['label']} at {ui.clock(at)}; requests started within "
+    st.caption(f"{last['label']} at {clock(at)}; requests started within "
                f"{BEFORE_AFTER_S:g} s before it and the {after_s:.0f} s since (at most "
                f"{BEFORE_AFTER_S:g}); rates over the time each side covers")
-    try:
-        c = ui.client()
-        before = c.stats(BEFORE_AFTER_S, end=at)
-        after = c.stats(max(after_s, 1e-3), end=at + max(after_s, 1e-3))
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+    c = client()
+    before = c.stats(BEFORE_AFTER_S, end=at)
+    after = c.stats(max(after_s, 1e-3), end=at + max(after_s, 1e-3))
     table = frames.before_after(before, after)
     if table is None:
         st.info("Not enough requests on both sides of the change yet to compare them.")
         return
-    st.dataframe(table, width="stretch", height=38 + 35 * len(table))  # every row, no scroll
+    st.dataframe(table, width="stretch", height=tables.rows_height(len(table)))  # every row
 
 
-@st.fragment(run_every=ui.run_every())
+@st.fragment(run_every=run_every())
+@errors.card
 def traffic() -> None:
     st.subheader("Traffic")
-    res = ui.prom_results(("request_rate",), rng)
-    try:
-        rate = (prom.rate_frame(res["request_rate"]) if res is not None
-                else frames.ts_rate_long(frames.timeseries_frame(ui.timeseries(rng))))
-        s = ui.stats(rng)
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+    rng = time_range()
+    res = prom_reads.prom_results(("request_rate",), rng)
+    rate = (prom.rate_frame(res["request_rate"]) if res is not None
+            else frames.ts_rate_long(frames.timeseries_frame(reads.range_timeseries(rng))))
+    s = reads.range_stats(rng)
     left, right = st.columns([2, 1])
-    left.caption(ui.prom_caption("Requests per second by path (`pdctl_requests_total`)", rng)
+    left.caption(prom_reads.prom_caption("Requests per second by path (`pdctl_requests_total`)",
+                                         rng)
                  if res is not None else "Requests per second by path")
-    ui.chart(left, charts.span(charts.annotate(charts.request_rate(rate), change_marks()),
-                                  rng.start(), rng.stop()), width="stretch")
+    plot.chart(left, charts.span(charts.annotate(charts.request_rate(rate),
+                                                 range_change_marks(rng)),
+                                 rng.start(), rng.stop()), width="stretch")
     right.caption("Disaggregated vs colocated in the window")
     if s.requests:
-        ui.chart(right, charts.path_share(frames.path_share(s)), width="stretch")
+        plot.chart(right, charts.path_share_ring(frames.path_share(s)), width="stretch")
     else:
         right.info(f"No requests {rng.within()}.")
 
 
-headline()
+latency_headline()
 find_request()
 recent()
-over_time()
+ttft_over_time()
 last_change()
 traffic()

@@ -10,12 +10,17 @@ from typing import Any, get_args
 import altair as alt
 import streamlit as st
 
-from dashboard import changes, charts, planner_view, ui
+from dashboard import changes, charts, planner_view
 from dashboard.client import ApiError
+from dashboard.ui import alerts, errors, plot
+from dashboard.ui.reads import forget_reads, may_change
+from dashboard.ui.session import client
+from dashboard.ui.sidebar import run_every
+from dashboard.ui.timerange import clock
 from pdctl_api.schema import PlannerMode, PlannerPublic, PredictorName, Role
 
-PENDING = "pdctl_planner_pending"  # (kind, payload, effects)
-OUTCOME = "pdctl_planner_outcome"  # (ok, message or ApiError)
+PLANNER_PENDING_KEY = "pdctl_planner_pending"  # (kind, payload, effects)
+PLANNER_OUTCOME_KEY = "pdctl_planner_outcome"  # (ok, message or ApiError)
 MODES: list[str] = list(get_args(PlannerMode))
 PREDICTORS: list[str] = list(get_args(PredictorName))
 MODE_HELP = {"off": "the planner does nothing",
@@ -29,42 +34,44 @@ st.caption("The SLA planner (`/api/v1/planner`): pool sizes from TTFT and inter-
 
 
 def _outcome() -> None:
-    held = st.session_state.get(OUTCOME)
+    held = st.session_state.get(PLANNER_OUTCOME_KEY)
     if not held:
         return
     ok, body = held
-    ui.change_outcome(ok, body)
+    errors.change_outcome(ok, body)
     if ok:
-        st.session_state.pop(OUTCOME, None)
+        st.session_state.pop(PLANNER_OUTCOME_KEY, None)
 
 
 def _confirm() -> None:
-    held = st.session_state.pop(PENDING, None)
+    held = st.session_state.pop(PLANNER_PENDING_KEY, None)
     if held is None:
         return
     kind, payload, _ = held
-    c = ui.client()
-    try:
+    c = client()
+
+    def send() -> str:
         if kind == "settings":
             c.set_planner(payload)
-            message = "planner settings changed"
-        else:
-            for role in sorted(payload, key=lambda r: payload[r]):  # shrink first
-                c.set_pool(role, size=payload[role])
-            message = "recommendation applied: the pools are converging"
-    except ApiError as exc:
-        st.session_state[OUTCOME] = (False, exc)
+            return "planner settings changed"
+        for role in sorted(payload, key=lambda r: payload[r]):  # shrink first
+            c.set_pool(role, size=payload[role])
+        return "recommendation applied: the pools are converging"
+
+    message = errors.attempt(send)
+    if isinstance(message, ApiError):
+        st.session_state[PLANNER_OUTCOME_KEY] = (False, message)
         return
-    ui.forget_reads()
-    st.session_state[OUTCOME] = (True, message)
+    forget_reads()
+    st.session_state[PLANNER_OUTCOME_KEY] = (True, message)
 
 
 def _cancel() -> None:
-    st.session_state.pop(PENDING, None)
+    st.session_state.pop(PLANNER_PENDING_KEY, None)
 
 
 def _pending() -> None:
-    held = st.session_state.get(PENDING)
+    held = st.session_state.get(PLANNER_PENDING_KEY)
     if not held:
         return
     kind, _, effects = held
@@ -100,42 +107,43 @@ def settings_form(pl: PlannerPublic) -> None:
     new: dict[str, Any] = {"mode": mode, "ttft_ms": float(ttft), "itl_ms": float(itl),
                            "interval_s": float(interval), "predictor": predictor}
     patch = {k: v for k, v in new.items() if v != now[k]}
-    st.session_state.pop(OUTCOME, None)
+    st.session_state.pop(PLANNER_OUTCOME_KEY, None)
     if not patch:
-        st.session_state.pop(PENDING, None)
-        st.session_state[OUTCOME] = (True, "nothing to change")
+        st.session_state.pop(PLANNER_PENDING_KEY, None)
+        st.session_state[PLANNER_OUTCOME_KEY] = (True, "nothing to change")
         return
     effects = [f"{k}: {now[k]} → {v}" for k, v in patch.items()]
     if patch.get("mode") == "apply":
         effects.append("in apply mode the planner changes the pools itself every interval")
-    st.session_state[PENDING] = ("settings", patch, effects)
+    st.session_state[PLANNER_PENDING_KEY] = ("settings", patch, effects)
 
 
 def review_recommendation(want: dict[Role, int]) -> None:
     """The controller's dry run of each pool change the recommendation means."""
-    st.session_state.pop(OUTCOME, None)
-    effects: list[str] = []
-    try:
+    st.session_state.pop(PLANNER_OUTCOME_KEY, None)
+
+    def dry_runs() -> list[str]:
+        effects: list[str] = []
         for role, size in want.items():
-            plan = ui.client().plan_pool(role, size=size)
+            plan = client().plan_pool(role, size=size)
             effects.append(f"**{role}** → {size} instances")
             effects += [changes.action_text(a) for a in plan.actions] or [
                 changes.NOTHING_PLANNED]
-    except ApiError as exc:
-        st.session_state[OUTCOME] = (False, exc)
+        return effects
+
+    effects = errors.attempt(dry_runs)
+    if isinstance(effects, ApiError):
+        st.session_state[PLANNER_OUTCOME_KEY] = (False, effects)
         return
-    st.session_state[PENDING] = ("pools", want, effects)
+    st.session_state[PLANNER_PENDING_KEY] = ("pools", want, effects)
 
 
-@st.fragment(run_every=ui.run_every())
+@st.fragment(run_every=run_every())
+@errors.card
 def live() -> None:
     """Refreshed on its own; the confirmation step and outcomes show here too, so that a
     button inside the fragment (which reruns only the fragment) shows its result."""
-    try:
-        pl = ui.client().planner()
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+    pl = client().planner()
     _outcome()
     _pending()
     hist = pl.history
@@ -148,13 +156,13 @@ def live() -> None:
         else:
             col.metric(f"{role} (now → recommended)",
                        f"{last.current[role]} → {last.recommended[role]}")
-    cols[3].metric("Next pass", ui.clock(pl.next_at) if pl.next_at else "—",
+    cols[3].metric("Next pass", clock(pl.next_at) if pl.next_at else "—",
                    help=f"every {pl.interval_s:g} s while the mode is not off")
     if pl.time_scale != 1.0:  # the page banner says time is scaled; here: in which units
         st.caption(f"Targets, observations and profiles here are in modelled time (wall / "
                    f"{pl.time_scale:g}).")
     want = planner_view.pending_recommendation(pl)
-    if pl.mode == "advisory" and want and ui.may_change():
+    if pl.mode == "advisory" and want and may_change():
         st.button("Review the recommendation", type="primary", on_click=review_recommendation,
                   args=(want,), help="as a pool change: the controller's dry run, then your "
                                      "confirmation")
@@ -164,24 +172,24 @@ def live() -> None:
     left, right = st.columns(2)
     sizes = planner_view.sizes(hist)
     left.markdown("**Pool sizes: recommended vs current**")
-    ui.chart(left, alt.Chart(sizes).mark_line(point=True, interpolate="step-after").encode(
+    plot.chart(left, alt.Chart(sizes).mark_line(point=True, interpolate="step-after").encode(
         x=charts.TIME, y=alt.Y("instances:Q", title="instances"),
         color="pool:N", strokeDash="series:N", tooltip=["time:T", "pool", "series",
                                                         "instances"]),
         width="stretch")
-    ld = planner_view.load(hist)
+    ld = planner_view.load_series(hist)
     right.markdown("**Load: predicted vs observed (requests/s)**")
     if ld.empty:
         right.caption("no data yet")
     else:
-        ui.chart(right, alt.Chart(ld).mark_line(point=True).encode(
+        plot.chart(right, alt.Chart(ld).mark_line(point=True).encode(
             x=charts.TIME, y="requests/s:Q", color="series:N",
             tooltip=["time:T", "series", "requests/s"]), width="stretch")
     lat = planner_view.latency(hist, pl)
     if not lat.empty:
         st.markdown("**Observed p95 against the targets (ms)**")
         base = alt.Chart(lat)
-        ui.chart(st,
+        plot.chart(st,
             (base.mark_line(point=True).encode(x=charts.TIME, y="ms:Q", color="metric:N")
              + base.mark_rule(strokeDash=[4, 4]).encode(y="target:Q", color="metric:N")),
             width="stretch")
@@ -189,23 +197,20 @@ def live() -> None:
     st.dataframe(planner_view.decisions(hist), hide_index=True, width="stretch")
 
 
-def page() -> None:
-    try:
-        pl = ui.client().planner()
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+@errors.card
+def planner_page() -> None:
+    pl = client().planner()
     if pl.problem:
         st.warning(f"The planner cannot run: {pl.problem}", icon=":material/warning:")
     prof = ", ".join(f"{r}: `{pl.profiles[r] or 'none'}`" for r in (Role.PREFILL, Role.DECODE))
     st.caption(f"Profiles — {prof} · bounds prefill {pl.bounds.min_prefill}–"
                f"{pl.bounds.max_prefill}, decode {pl.bounds.min_decode}–{pl.bounds.max_decode}"
                f", budget {pl.bounds.accelerator_budget} accelerators")
-    if ui.may_change():
+    if may_change():
         settings_form(pl)
     else:
-        st.info(ui.READ_ONLY_NOTE, icon=":material/visibility:")
+        alerts.read_only_note()
     live()
 
 
-page()
+planner_page()

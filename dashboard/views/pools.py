@@ -7,15 +7,20 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import changes, charts, frames, integrity, prom, review, ui
-from dashboard.client import ApiError
+from dashboard import changes, charts, frames, integrity, prom, review
+from dashboard.ui import errors, plot, prom_reads, reads, tables
+from dashboard.ui.figures import fmt_ms
+from dashboard.ui.session import client
+from dashboard.ui.sidebar import run_every
+from dashboard.ui.tables import number_columns, text_columns
+from dashboard.ui.timerange import time_range
 from pdctl_api.schema import InstancePublic, QuarantinePublic, Role
+from pdctl_api.stats import quantile
 
 GRID_CHOICES = {"KV cache usage": "kv_cache_usage", "running": "running",
                 "waiting": "waiting", "state": "state"}
 STATES = ["starting", "ready", "draining", "failed", "stopped"]
 LIVE_STATES = ["starting", "ready", "draining", "failed"]  # the table's default: not stopped
-ROLES = [r.value for r in Role]
 
 st.title("Pools")
 st.caption("From `/api/v1/cluster`: desired and actual pools, every instance and the load its "
@@ -46,13 +51,10 @@ def pool_card(row: pd.Series, instances: pd.DataFrame,
                    "no instances")
 
 
-@st.fragment(run_every=ui.run_every())
+@st.fragment(run_every=run_every())
+@errors.card
 def overview() -> None:
-    try:
-        cl = ui.cluster()
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+    cl = reads.cluster()
     inst = frames.instances_frame(cl.instances)
     summary = frames.pool_summary(cl)
     cols = st.columns(2)
@@ -66,58 +68,49 @@ def overview() -> None:
         st.info("No live instances.")
     else:
         metric = GRID_CHOICES.get(choice or "KV cache usage", "kv_cache_usage")
-        ui.chart(st, charts.instance_grid(live, metric))
+        plot.chart(st, charts.instance_grid(live, metric))
     ended = len(inst) - len(live)
     if ended:
         st.caption(f"Live instances only: {ended} stopped or failed "
                    f"instance{'s are' if ended > 1 else ' is'} in the table below.")
 
 
-COLUMNS = {
-    "id": st.column_config.TextColumn("instance"),
-    "role": st.column_config.TextColumn("role"),
-    "state": st.column_config.TextColumn("state"),
-    "tp": st.column_config.NumberColumn("TP", format="%d"),
-    "running": st.column_config.NumberColumn("running", format="%.0f"),
-    "waiting": st.column_config.NumberColumn("waiting", format="%.0f"),
-    "inflight": st.column_config.NumberColumn("in flight", format="%d"),
+INSTANCE_COLUMNS = {
+    **text_columns(id="instance", role="role", state="state"),
+    **number_columns("%d", tp="TP"),
+    **number_columns("%.0f", running="running", waiting="waiting"),
+    **number_columns("%d", inflight="in flight"),
     "kv_cache_usage": st.column_config.ProgressColumn("KV cache", min_value=0.0, max_value=1.0,
                                                       format="percent"),
     "node": st.column_config.TextColumn("node", help="the Ray node it runs on, or the "
                                         "controller's host for local processes"),
-    "url": st.column_config.TextColumn("url"),
-    "last_error": st.column_config.TextColumn("last error"),
+    **text_columns(url="url", last_error="last error"),
 }
 
 
-@st.fragment(run_every=ui.run_every())
-def table() -> None:
+@st.fragment(run_every=run_every())
+@errors.card
+def instance_table() -> None:
     st.subheader("Instances")
     left, right = st.columns(2)
-    roles = left.multiselect("Role", ROLES, default=ROLES, key="pools_roles")
+    roles = left.multiselect("Role", frames.ROLE_NAMES, default=frames.ROLE_NAMES,
+                             key="pools_roles")
     states = right.multiselect("State", STATES, default=LIVE_STATES, key="pools_states",
                                help="stopped instances are hidden unless chosen here; their "
                                     "load and that of failed ones is left blank (stale)")
-    try:
-        inst = frames.instances_frame(ui.cluster().instances)
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+    inst = frames.instances_frame(reads.cluster().instances)
     shown = inst[inst["role"].isin(roles) & inst["state"].isin(states)]
-    st.dataframe(shown[list(COLUMNS)], column_config=COLUMNS, hide_index=True,
-                 height=min(600, 38 + 35 * max(1, len(shown))), width="stretch")
+    st.dataframe(shown[list(INSTANCE_COLUMNS)], column_config=INSTANCE_COLUMNS,
+                 hide_index=True, height=tables.rows_height(len(shown), 600), width="stretch")
     st.caption(f"{len(shown)} of {len(inst)} instances")
 
 
 @st.fragment
+@errors.card
 def drill_down() -> None:
     """One instance: its figures, its audit events and the tail of its engine's log."""
     st.subheader("Instance")
-    try:
-        cl = ui.cluster()
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+    cl = reads.cluster()
     ids = [i.id for i in cl.instances]
     if not ids:
         st.info("No instances.")
@@ -138,25 +131,21 @@ def drill_down() -> None:
     cols[3].metric("KV cache", "—" if ended else f"{chosen.load.kv_cache_usage:.0%}")
     if chosen.last_error:
         st.error(chosen.last_error)
-    try:
-        events = [e for e in ui.events(500, None) if e.target == iid]
-        log = ui.client().instance_log(iid, lines=40).log
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+    events = [e for e in reads.audit_events(500, None) if e.target == iid]
+    log = client().instance_log(iid, lines=40).log
     drain_action(chosen, cl.instances)
     its_requests(iid)
     its_load(iid)
     st.markdown("**Its events** (newest first)")
     st.dataframe(frames.events_frame(events), hide_index=True, width="stretch",
-                 height=min(300, 38 + 35 * max(1, len(events))))
+                 height=tables.rows_height(len(events), 300))
     st.markdown("**The tail of its engine's log** (`/api/v1/instances/{id}/log`)")
     st.code(log or "(empty)", language=None)
 
 
 def drain_action(chosen: InstancePublic, instances: list[InstancePublic]) -> None:
     """Drain (and so restart) the instance: reviewed, then confirmed, like every change."""
-    if not ui.may_change():
+    if not reads.may_change():
         return
     section = f"pools-drain-{chosen.id}"
     if chosen.id in {i.id for i in changes.drainable(instances)}:
@@ -171,66 +160,67 @@ def drain_action(chosen: InstancePublic, instances: list[InstancePublic]) -> Non
 REQUESTS_READ = 500  # recent requests searched for the instance's own
 
 
+@errors.card
 def its_requests(iid: str) -> None:
     """The recent requests it served (as prefill or as decode), their TTFT over time."""
-    rng = ui.time_range()
-    try:
-        df = frames.through(ui.requests_in(rng, REQUESTS_READ), iid)
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+    rng = time_range()
+    df = frames.through(reads.requests_in(rng, REQUESTS_READ), iid)
     st.markdown(f"**Its requests** (of the last {REQUESTS_READ} {rng.within()})")
     if df.empty:
         st.info(f"No request went through {iid} among them.")
         return
-    ok = df[df["status"] == "ok"]["ttft_ms"]
+    # The project's one percentile (nearest rank), as the Overview's TTFT p50.
+    p50 = quantile(df[df["status"] == "ok"]["ttft_ms"].tolist(), 0.5)
     cols = st.columns(3)
     cols[0].metric("Requests", f"{len(df)}", help="as prefill or as decode")
-    cols[1].metric("TTFT p50", ui.fmt_ms(ok.quantile(0.5)) if len(ok) else "no data")
+    cols[1].metric("TTFT p50", "no data" if p50 is None else fmt_ms(p50))
     cols[2].metric("Failed", f"{int((df['status'] != 'ok').sum())}")
-    ui.chart(st, charts.instance_requests(df), width="stretch")
+    plot.chart(st, charts.instance_requests(df), width="stretch")
     with st.expander("Its requests as a table", key=f"pools-requests-{iid}",
                      on_change="rerun") as box:
         if box.open:
-            ui.requests_table(df)
+            tables.requests_table(df)
+
+
+def load_charts(res: dict[str, prom.PromResult]) -> None:
+    """Running, waiting and KV cache usage side by side, a line per role."""
+    load = prom.load_frame(res)
+    for col, metric in zip(st.columns(3), prom.LOAD_METRICS.values(), strict=True):
+        plot.chart(col, charts.load_lines(load, metric), width="stretch")
 
 
 def its_load(iid: str) -> None:
     """With Prometheus: the engine's own running, waiting and KV cache series."""
-    if ui.prom() is None:
+    if prom_reads.prom() is None:
         return
-    res = ui.prom_instance(iid, ui.time_range())
+    res = prom_reads.prom_instance(iid, time_range())
     if res is None:
         return
     st.markdown("**Its engine's load over time** (Prometheus: `vllm:num_requests_running`, "
                 "`vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`)")
-    load = prom.load_frame(res)
-    for col, metric in zip(st.columns(3), prom.LOAD_METRICS.values(), strict=True):
-        ui.chart(col, charts.load_lines(load, metric), width="stretch")
+    load_charts(res)
 
 
 LOAD_QUERIES = tuple(prom.LOAD_METRICS)
 
 
-@st.fragment(run_every=ui.run_every())
+@st.fragment(run_every=run_every())
 def load_over_time() -> None:
     """Only with Prometheus: the engines' own load series, summed per role."""
-    if ui.prom() is None:
+    if prom_reads.prom() is None:
         return
-    rng = ui.time_range()
+    rng = time_range()
     st.subheader("Engine load over time")
-    res = ui.prom_results(LOAD_QUERIES, rng)
+    res = prom_reads.prom_results(LOAD_QUERIES, rng)
     if res is None:
         return
-    st.caption(ui.prom_caption("`vllm:num_requests_running`, `vllm:num_requests_waiting` "
-                               "(sum per role), `vllm:kv_cache_usage_perc` (mean per role)",
-                               rng))
-    load = prom.load_frame(res)
-    for col, metric in zip(st.columns(3), prom.LOAD_METRICS.values(), strict=True):
-        ui.chart(col, charts.load_lines(load, metric), width="stretch")
+    st.caption(prom_reads.prom_caption("`vllm:num_requests_running`, "
+                                       "`vllm:num_requests_waiting` (sum per role), "
+                                       "`vllm:kv_cache_usage_perc` (mean per role)", rng))
+    load_charts(res)
 
 
 overview()
 load_over_time()
-table()
+instance_table()
 drill_down()

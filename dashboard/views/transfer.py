@@ -10,15 +10,18 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard import charts, frames, prom, ui, whatif
-from dashboard.client import ApiError
+from dashboard import charts, frames, prom, whatif
+from dashboard.ui import alerts, errors, plot, prom_reads, reads, tables
+from dashboard.ui.figures import fmt_bytes, fmt_ms, rate_basis
+from dashboard.ui.sidebar import run_every
+from dashboard.ui.tables import number_columns, text_columns
+from dashboard.ui.timerange import TimeRange, time_range
 from pdctl_api import profiles
 from pdctl_api.schema import ClusterPublic
 
 SCATTER_LIMIT = 500
-rng = ui.time_range()
 st.title("Transfer")
-st.caption(f"{rng.label()} · KV cache moved from prefill to decode instances "
+st.caption(f"{time_range().label()} · KV cache moved from prefill to decode instances "
            "(disaggregated requests only)")
 
 
@@ -28,21 +31,20 @@ def link_of(cluster: ClusterPublic) -> tuple[str, float | None]:
     return name, ceiling
 
 
-@st.fragment(run_every=ui.run_every())
-def headline() -> None:
-    try:
-        s, cl = ui.stats(rng), ui.cluster()
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+@st.fragment(run_every=run_every())
+@errors.card
+def kv_headline() -> None:
+    """KV moved, bandwidth against the link, and the KV alerts."""
+    rng = time_range()
+    s, cl = reads.range_stats(rng), reads.cluster()
     link, ceiling = link_of(cl)
     kv, scale = s.kv, cl.time_scale
     modelled = " (modelled)" if scale != 1.0 else ""
     cols = st.columns(5)
     cols[0].metric(f"KV moved{modelled}", f"{kv.bytes_per_s * scale / 1e9:.2f} GB/s",
-                   help=f"KV bytes of the window's disaggregated requests, {ui.rate_basis(s)}"
+                   help=f"KV bytes of the window's disaggregated requests, {rate_basis(s)}"
                         + _scaled(scale))
-    cols[1].metric("KV bytes in window", ui.fmt_bytes(kv.bytes))
+    cols[1].metric("KV bytes in window", fmt_bytes(kv.bytes))
     cols[2].metric(f"Bandwidth{modelled}", f"{kv.transfer_gbps * scale:.1f} GB/s",
                    help="achieved: bytes / time spent transferring, over the window"
                         + _scaled(scale))
@@ -52,8 +54,8 @@ def headline() -> None:
     cols[4].metric("Of the ceiling", f"{use:.0%}",
                    help="achieved bandwidth includes the link's per-transfer latency, so "
                         "small transfers stay well below the ceiling")
-    ui.kv_integrity_alerts(s, rng.window_s)
-    ui.transfer_alert(s.transfer_share)
+    alerts.kv_integrity_alerts(s, rng.window_s)
+    alerts.transfer_alert(s.transfer_share)
 
 
 def _scaled(scale: float) -> str:
@@ -64,15 +66,13 @@ def _scaled(scale: float) -> str:
 TRANSFER_QUERIES = ("kv_bytes_rate", "nixl_gbps", "accounted_gbps")
 
 
-@st.fragment(run_every=ui.run_every())
-def over_time() -> None:
-    res = ui.prom_results(TRANSFER_QUERIES, rng)
-    try:
-        cl = ui.cluster()
-        ts = None if res is not None else frames.timeseries_frame(ui.timeseries(rng))
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+@st.fragment(run_every=run_every())
+@errors.card
+def kv_over_time() -> None:
+    rng = time_range()
+    res = prom_reads.prom_results(TRANSFER_QUERIES, rng)
+    cl = reads.cluster()
+    ts = None if res is not None else frames.timeseries_frame(reads.range_timeseries(rng))
     link, ceiling = link_of(cl)
     scale = cl.time_scale
     modelled = " (modelled time)" if scale != 1.0 else ""
@@ -80,60 +80,54 @@ def over_time() -> None:
     left.subheader(f"KV moved per second{modelled}")
     right.subheader(f"Achieved bandwidth vs link ceiling{modelled}")
     if res is not None:
-        prom_over_time(left, right, res, link, ceiling or 0.0, scale)
+        kv_over_time_prom(left, right, res, rng, link, ceiling or 0.0, scale)
     elif ts is not None:
         ts = ts.assign(kv_gb_per_s=ts["kv_gb_per_s"] * scale,
                        transfer_gbps=ts["transfer_gbps"] * scale)
         start, end = rng.start(), rng.stop()
-        ui.chart(left, charts.span(charts.kv_throughput(ts), start, end), width="stretch")
-        ui.chart(right, charts.span(charts.achieved_bandwidth(ts, ceiling or 0.0, link),
-                                       start, end), width="stretch")
+        plot.chart(left, charts.span(charts.kv_throughput(ts), start, end), width="stretch")
+        plot.chart(right, charts.span(charts.achieved_bandwidth(ts, ceiling or 0.0, link),
+                                      start, end), width="stretch")
 
 
-def prom_over_time(left: Any, right: Any, res: dict[str, prom.Result], link: str,
-                   ceiling: float, scale: float) -> None:
-    step = ui.prom_window(rng).step_s
-    left.caption(ui.prom_caption("`pdctl_kv_transfer_bytes_total`", rng))
+def kv_over_time_prom(left: Any, right: Any, res: dict[str, prom.PromResult], rng: TimeRange,
+                      link: str, ceiling: float, scale: float) -> None:
+    step = prom_reads.prom_window(rng).step_s
+    left.caption(prom_reads.prom_caption("`pdctl_kv_transfer_bytes_total`", rng))
     kv = prom.kv_frame(res["kv_bytes_rate"], step)
-    ui.chart(left, charts.kv_throughput(kv.assign(kv_gb_per_s=kv["kv_gb_per_s"] * scale)),
-                      width="stretch")
-    right.caption(ui.prom_caption("`vllm:nixl_bytes_transferred` / "
-                                  "`vllm:nixl_xfer_time_seconds` on the engines; the "
-                                  "controller's KV bytes / accounted transfer time", rng))
+    plot.chart(left, charts.kv_throughput(kv.assign(kv_gb_per_s=kv["kv_gb_per_s"] * scale)),
+               width="stretch")
+    right.caption(prom_reads.prom_caption("`vllm:nixl_bytes_transferred` / "
+                                          "`vllm:nixl_xfer_time_seconds` on the engines; the "
+                                          "controller's KV bytes / accounted transfer time",
+                                          rng))
     bw = prom.bandwidth_frame(res["nixl_gbps"], res["accounted_gbps"])
     bw = bw.assign(gbps=bw["gbps"] * scale)
-    ui.chart(right, charts.bandwidth_by_source(bw, ceiling, link), width="stretch")
+    plot.chart(right, charts.bandwidth_by_source(bw, ceiling, link), width="stretch")
 
 
 PATH_COLUMNS = {
-    "path": st.column_config.TextColumn("path"),
-    "requests": st.column_config.NumberColumn("requests", format="%d"),
-    "failed": st.column_config.NumberColumn("failed", format="%d"),
-    "retries": st.column_config.NumberColumn("retried hops", format="%d"),
-    "ttft_p50": st.column_config.NumberColumn("TTFT p50 (ms)", format="%.1f"),
-    "ttft_p99": st.column_config.NumberColumn("TTFT p99 (ms)", format="%.1f"),
-    "transfer_p50": st.column_config.NumberColumn("KV transfer p50 (ms)", format="%.1f"),
-    "transfer_p99": st.column_config.NumberColumn("KV transfer p99 (ms)", format="%.1f"),
+    **text_columns(path="path"),
+    **number_columns("%d", requests="requests", failed="failed", retries="retried hops"),
+    **number_columns("%.1f", ttft_p50="TTFT p50 (ms)", ttft_p99="TTFT p99 (ms)",
+                     transfer_p50="KV transfer p50 (ms)", transfer_p99="KV transfer p99 (ms)"),
 }
 PAIR_COLUMNS = {
-    "pair": st.column_config.TextColumn("prefill → decode"),
-    "requests": st.column_config.NumberColumn("requests", format="%d"),
-    "kv_gb": st.column_config.NumberColumn("KV moved (GB)", format="%.2f"),
-    "transfer_ms": st.column_config.NumberColumn("mean transfer (ms)", format="%.1f"),
-    "gbps": st.column_config.NumberColumn("bandwidth (GB/s)", format="%.1f"),
+    **text_columns(pair="prefill → decode"),
+    **number_columns("%d", requests="requests"),
+    **number_columns("%.2f", kv_gb="KV moved (GB)"),
+    **number_columns("%.1f", transfer_ms="mean transfer (ms)", gbps="bandwidth (GB/s)"),
 }
 
 
-@st.fragment(run_every=ui.run_every())
+@st.fragment(run_every=run_every())
+@errors.card
 def by_path() -> None:
     """Each path on its own: a mean over both would count colocated requests' zero transfer."""
     st.subheader("By path")
-    try:
-        s, cl = ui.stats(rng), ui.cluster()
-        ts = ui.timeseries(rng)
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+    rng = time_range()
+    s, cl = reads.range_stats(rng), reads.cluster()
+    ts = reads.range_timeseries(rng)
     if s.by_path is None:
         st.caption("This controller does not report statistics per path.")
         return
@@ -141,7 +135,7 @@ def by_path() -> None:
     d = s.by_path["disaggregated"]
     cols = st.columns(3)
     cols[0].metric("KV transfer p50 · p99 (disaggregated)",
-                   f"{ui.fmt_ms(d.transfer_ms.p50)} · {ui.fmt_ms(d.transfer_ms.p99)}"
+                   f"{fmt_ms(d.transfer_ms.p50)} · {fmt_ms(d.transfer_ms.p99)}"
                    if d.requests else "no data",
                    help="over the window's disaggregated requests only; wall time")
     cols[1].metric("Failed KV pulls", f"{failed:g}",
@@ -157,49 +151,43 @@ def by_path() -> None:
     if xfer.empty:
         left.info("No disaggregated requests in the window.")
     else:
-        ui.chart(left, charts.span(charts.transfer_percentiles(xfer), rng.start(),
-                                      rng.stop()), width="stretch")
+        plot.chart(left, charts.span(charts.transfer_percentiles(xfer), rng.start(),
+                                     rng.stop()), width="stretch")
     scale = cl.time_scale
     modelled = "; bandwidth in modelled time" if scale != 1 else ""
     right.markdown(f"**Per prefill → decode pair** (last {SCATTER_LIMIT} requests{modelled})")
-    try:
-        pairs = frames.pair_table(frames.requests_frame(ui.recent_requests(SCATTER_LIMIT, rng)),
-                                  scale)
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+    pairs = frames.pair_table(frames.requests_frame(reads.recent_requests(SCATTER_LIMIT, rng)),
+                              scale)
     if pairs.empty:
         right.info("No disaggregated requests among the recent ones.")
     else:
         right.dataframe(pairs, column_config=PAIR_COLUMNS, hide_index=True, width="stretch",
-                        height=min(360, 38 + 35 * len(pairs)))
+                        height=tables.rows_height(len(pairs), 360))
 
 
-@st.fragment(run_every=ui.run_every())
+@st.fragment(run_every=run_every())
+@errors.card
 def per_request() -> None:
     st.subheader("KV bytes per request vs prompt length")
-    try:
-        df, cl = frames.requests_frame(ui.recent_requests(SCATTER_LIMIT, rng)), ui.cluster()
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+    rng = time_range()
+    df = frames.requests_frame(reads.recent_requests(SCATTER_LIMIT, rng))
+    cl = reads.cluster()
     per_token = cl.model.kv_bytes_per_token
     st.caption(f"Last {SCATTER_LIMIT} requests; dashed: {cl.model.name} at "
                f"{per_token / 1e3:.0f} KB per token (the engine rounds up to whole blocks)")
     top = int(df["prompt_tokens"].max()) if not df.empty else 1
-    ui.chart(st, charts.kv_bytes_vs_prompt(df, whatif.kv_line(per_token, top)),
-                    width="stretch")
+    plot.chart(st, charts.kv_bytes_vs_prompt(df, whatif.kv_line(per_token, top)),
+               width="stretch")
     suspect = df[df["suspect"]]
     if not suspect.empty:
         st.markdown(f"**{len(suspect)} suspect of the last {len(df)} requests** (red crosses): "
                     "their decode hop read KV blocks the prefill engine had already freed, "
                     "so their output may be wrong")
-        ui.requests_table(suspect)
+        tables.requests_table(suspect)
 
 
 LEASE_COLUMNS = {
-    "id": st.column_config.TextColumn("prefill instance"),
-    "state": st.column_config.TextColumn("state"),
+    **text_columns(id="prefill instance", state="state"),
     "kv_expired_requests": st.column_config.NumberColumn(
         "KV expired", format="%.0f",
         help="requests whose KV blocks the engine freed when their lease expired, read late "
@@ -208,18 +196,15 @@ LEASE_COLUMNS = {
         "reads after expiry", format="%.0f",
         help="decode reads that completed after the blocks were freed: the output of those "
              "requests may be wrong (`vllm:nixl_num_notifications_after_expiry`, cumulative)"),
-    "transfers": st.column_config.NumberColumn("NIXL transfers", format="%.0f"),
+    **number_columns("%.0f", transfers="NIXL transfers"),
 }
 
 
-@st.fragment(run_every=ui.run_every())
+@st.fragment(run_every=run_every())
+@errors.card
 def leases() -> None:
     st.subheader("KV leases per prefill instance")
-    try:
-        s, cl = ui.stats(rng), ui.cluster()
-    except ApiError as exc:
-        ui.card_error(exc)
-        return
+    s, cl = reads.range_stats(time_range()), reads.cluster()
     df = frames.lease_frame(cl.instances)
     k = s.kv_integrity
     if k is not None:
@@ -239,11 +224,11 @@ def leases() -> None:
     st.caption("Cumulative counters of each prefill engine, as the controller last polled "
                "them (`nixl` in `/api/v1/instances`)")
     st.dataframe(df, column_config=LEASE_COLUMNS, hide_index=True, width="stretch",
-                 height=min(420, 38 + 35 * max(1, len(df))))
+                 height=tables.rows_height(len(df), 420))
 
 
-headline()
-over_time()
+kv_headline()
+kv_over_time()
 by_path()
 per_request()
 leases()

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from dashboard import ui
 from dashboard.client import ControllerClient
 from dashboard.config import ConsoleConfig
+from dashboard.ui import session
 from tests.dashboard.fake import TOKEN, URL, FakeController
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
@@ -35,8 +35,8 @@ def console(tmp_path: Path) -> Iterator[Callable[..., AppTest]]:
         client = fake.client(token)
         clients.append(client)
         at = AppTest.from_file(str(APP), default_timeout=30)
-        at.session_state[ui.CLIENT_KEY] = client
-        at.session_state[ui.CONFIG_KEY] = ConsoleConfig(URL, state_dir, **config)
+        at.session_state[session.CLIENT_KEY] = client
+        at.session_state[session.CONFIG_KEY] = ConsoleConfig(URL, state_dir, **config)
         at.run()
         if page:
             at.switch_page(f"views/{page}.py").run()

@@ -168,14 +168,15 @@ def chart_specs() -> list[alt.TopLevelMixin]:
         charts.ttft_parts_over_time(frames.ts_parts_long(ts)),
         charts.ttft_percentiles(frames.ts_percentiles_long(ts)),
         charts.request_rate(frames.ts_rate_long(ts)),
-        charts.path_share(frames.path_share(s)),
+        charts.path_share_ring(frames.path_share(s)),
         charts.kv_throughput(ts),
         charts.achieved_bandwidth(ts, 50.0, "ib-ndr"),
         charts.kv_bytes_vs_prompt(req, whatif.kv_line(327_680, 1200)),
         charts.instance_grid(inst),
         charts.instance_grid(inst, "state"),
         charts.instance_grid(inst, "waiting"),
-        charts.transfer_by_link(whatif.sweep("llama-3-70b", profiles.LINKS), "ib-ndr", 4096),
+        charts.transfer_by_link(whatif.transfer_sweep("llama-3-70b", profiles.LINKS), "ib-ndr",
+                                4096),
     ]
 
 
@@ -218,7 +219,7 @@ def test_charts_accept_empty_frames() -> None:
                   charts.ttft_parts_over_time(frames.ts_parts_long(empty_frame)),
                   charts.achieved_bandwidth(empty_frame, 50.0, "ib-ndr"),
                   charts.kv_bytes_vs_prompt(empty_req, whatif.kv_line(1, 1)),
-                  charts.path_share(pd.DataFrame({"path": [], "requests": []}))):
+                  charts.path_share_ring(pd.DataFrame({"path": [], "requests": []}))):
         chart.to_dict()
 
 
@@ -230,7 +231,7 @@ def test_what_if_matches_the_domain_numbers() -> None:
     assert est.transfer_share is not None and 0 < est.transfer_share < 1
     tcp = whatif.estimate("llama-3-70b", 4096, "tcp-100gbe")
     assert tcp.wire_ms == pytest.approx(134.2, abs=0.1) and tcp.transfer_share is None
-    sweep = whatif.sweep("llama-3-8b", ["nvlink", "ib-ndr"], [1024, 2048])
+    sweep = whatif.transfer_sweep("llama-3-8b", ["nvlink", "ib-ndr"], [1024, 2048])
     by = sweep.pivot(index="prompt_tokens", columns="link", values="transfer_ms")
     assert (by["nvlink"] < by["ib-ndr"]).all() and by["ib-ndr"].is_monotonic_increasing
 

@@ -13,8 +13,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from controller.cli import console as launch
-from dashboard import charts, prom, ui
+from dashboard import charts, prom
 from dashboard.config import ConsoleConfig, load_config
+from dashboard.ui import session
 from tests.dashboard.conftest import APP
 from tests.dashboard.fake import TOKEN, URL, FakeController
 from tests.dashboard.fake_prom import PARTS, PROM_URL, FakePrometheus, query_name
@@ -37,7 +38,7 @@ def test_rate_window_spans_enough_scrapes_and_two_steps(step: float, window: str
     assert prom.rate_window(step) == window
 
 
-def result(values: dict[str, list[float]], label: str = "component") -> prom.Result:
+def result(values: dict[str, list[float]], label: str = "component") -> prom.PromResult:
     return [{"metric": {label: k} if k else {}, "values": [[1000.0 + i, str(v)]
                                                            for i, v in enumerate(vs)]}
             for k, vs in values.items()]
@@ -81,7 +82,7 @@ def test_kv_bandwidth_and_load_frames() -> None:
 def test_client_queries_ranges_and_explains_failures() -> None:
     fake = FakePrometheus()
     c = fake.client()
-    w = prom.Window(end=2000.0, window_s=300.0, step_s=5.0)
+    w = prom.PromRange(end=2000.0, window_s=300.0, step_s=5.0)
     got = prom.fetch(c, "part_p99", w)
     assert {s["metric"]["component"] for s in got} == set(PARTS)
     assert fake.ranges == [(1700.0, 2000.0, "5s")]
@@ -149,12 +150,12 @@ def app(tmp_path: Path) -> Iterator[Any]:
         controller = FakeController().client()
         opened.append(controller)
         at = AppTest.from_file(str(APP), default_timeout=30)
-        at.session_state[ui.CLIENT_KEY] = controller
+        at.session_state[session.CLIENT_KEY] = controller
         if fake_prom is not None:
             client = fake_prom.client()
             opened.append(client)
-            at.session_state[ui.PROM_KEY] = client
-        at.session_state[ui.CONFIG_KEY] = ConsoleConfig(
+            at.session_state[session.PROM_KEY] = client
+        at.session_state[session.CONFIG_KEY] = ConsoleConfig(
             URL, state_dir, prometheus_url=PROM_URL if fake_prom else None)
         at.run()
         if page != "overview":
@@ -240,7 +241,7 @@ def test_failing_prometheus_falls_back_to_the_api_with_a_warning(app: Any) -> No
 def test_frames_from_the_fake_draw_with_the_chart_builders() -> None:
     fake = FakePrometheus()
     c = fake.client()
-    w = prom.Window(2000.0, 60.0, 1.0)
+    w = prom.PromRange(2000.0, 60.0, 1.0)
     res = {n: prom.fetch(c, n, w) for n in prom.QUERIES}
     assert isinstance(charts.part_lines(prom.parts_frame(res["part_p99"]), "p99").to_dict(),
                       dict)

@@ -205,7 +205,7 @@ def test_every_console_and_grafana_query_returns_data(loaded: Lab) -> None:
     """Over the load, at the console's step and rate window for a 1-minute view, and with
     Grafana's ``$__rate_interval`` at its floor for the 10 s scrape (4 x 10 s)."""
     start, end = loaded.load_started, loaded.load_ended + INTERVAL_S
-    w = prom.Window(end, end - start, 1.0)
+    w = prom.PromRange(end, end - start, 1.0)
     empty = [name for name in prom.QUERIES if not has_data(prom.fetch(loaded.client, name, w))]
     assert empty == []
     grafana = [e.replace("$__rate_interval", "40s") for e in grafana_exprs()]

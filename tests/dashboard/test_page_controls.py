@@ -1,0 +1,163 @@
+"""The Controls page: pool, drain, routing and target changes, each reviewed (a pool change
+by the controller's dry run) and sent only when confirmed; refusals shown verbatim."""
+
+from __future__ import annotations
+
+from streamlit.testing.v1 import AppTest
+
+from controller.models import PoolTarget, Role
+from tests.dashboard.fake import FakeController, make_instances
+from tests.dashboard.page_helpers import Console, by_label, no_exceptions, texts
+
+
+def test_targets_are_reviewed_then_sent(console: Console, fake: FakeController) -> None:
+    at = console(fake, "controls")
+    by_label(at.number_input, "TTFT p95 target (ms)").set_value(800.0)
+    by_label(at.button, "Review targets change").click()
+    at.run()
+    assert fake.changes() == []
+    assert "Confirm — targets: ttft_p95_ms" in texts(at.info)
+    at.button(key="confirm-targets").click().run()
+    no_exceptions(at)
+    assert fake.changes() == [("PATCH", "/api/v1/targets", {"ttft_p95_ms": 800.0})]
+    assert fake.targets_set.ttft_p95_ms == 800.0
+
+
+def review_pool(at: AppTest, role: str, size: int | None = None, tp: int | None = None
+                ) -> AppTest:
+    if size is not None:
+        by_label(at.number_input, f"{role} size").set_value(size)
+    if tp is not None:  # a choice of valid TPs; a number on an older controller
+        tps = [w for w in at.selectbox if w.label == f"{role} TP"]
+        (tps[0] if tps else by_label(at.number_input, f"{role} TP")).set_value(tp)
+    by_label(at.button, f"Review {role} change").click()
+    return at.run()
+
+
+def test_scale_down_needs_confirmation(console: Console, fake: FakeController) -> None:
+    fake.instances = make_instances(1, 2)
+    fake.targets[Role.DECODE] = PoolTarget(2, 2)
+    at = console(fake, "controls")
+    review_pool(at, "decode", size=1)
+    assert fake.changes() == [], "nothing is sent before the operator confirms"
+    assert fake.dry_runs() == [("PATCH", "/api/v1/pools/decode?dry_run=true", {"size": 1})]
+    assert "Confirm a disruptive change — decode pool: 2 x TP2 → 1 x TP2" in texts(at.warning)
+    # The controller's plan: the least loaded decode instance drains.
+    assert "**drain** decode-2" in texts(at.markdown)
+    assert "scale decode down to 1" in texts(at.markdown)
+    assert at.button(key="confirm-decode").proto.type == "primary"  # the loud one
+    at.button(key="confirm-decode").click().run()
+    no_exceptions(at)
+    assert fake.changes() == [("PATCH", "/api/v1/pools/decode", {"size": 1})]
+    assert "sent, the pool is converging" in texts(at.toast)
+
+
+def test_tp_change_needs_confirmation_and_cancel_sends_nothing(
+        console: Console, fake: FakeController) -> None:
+    at = console(fake, "controls")
+    review_pool(at, "decode", tp=4)
+    assert "disruptive" in texts(at.warning)
+    # A rolling replacement: the planner's first step starts a new instance at the new TP.
+    assert "**start** a decode instance at TP 4 — TP 4 replacement (0/1)" in texts(at.markdown)
+    at.button(key="cancel-decode").click().run()
+    assert fake.changes() == []
+    assert "Confirm" not in texts(at.warning)
+
+
+def test_scale_up_is_reviewed_then_sent(console: Console, fake: FakeController) -> None:
+    at = console(fake, "controls")
+    review_pool(at, "decode", size=2)
+    assert "Confirm — decode pool: 1 x TP2 → 2 x TP2" in texts(at.info)
+    assert "**start** a decode instance at TP 2 — decode pool below size (1/2)" in texts(
+        at.markdown)
+    assert not at.warning
+    at.button(key="confirm-decode").click().run()
+    assert fake.changes() == [("PATCH", "/api/v1/pools/decode", {"size": 2})]
+    assert fake.targets[Role.DECODE].size == 2
+    # The form now starts from the new desired state.
+    assert by_label(at.number_input, "decode size").value == 2
+
+
+def test_only_valid_tps_are_offered(console: Console, fake: FakeController) -> None:
+    at = console(fake, "controls")
+    # Llama-3-70B: 64 heads, 8 KV heads; TP2 does not fit 70B in 2 x 80 GB... per the
+    # controller's own validation; prefill TP4 pairs with decode TPs that divide or multiply 4.
+    assert by_label(at.selectbox, "decode TP").options == ["2", "4", "8"]
+    assert by_label(at.selectbox, "prefill TP").options == ["2", "4", "8"]
+
+
+def test_refused_change_shows_the_detail_verbatim(console: Console,
+                                                  fake: FakeController) -> None:
+    fake.legacy = True  # an older controller offers no list of valid TPs: any may be asked
+    at = console(fake, "controls")
+    review_pool(at, "decode", tp=3)  # the dry run refuses it: nothing to confirm
+    no_exceptions(at)
+    detail = "TP 3 does not divide llama-3-70b's 64 attention heads"
+    errors = texts(at.error)
+    assert "Refused by the controller (HTTP 422); nothing was changed" in errors
+    assert detail in errors
+    assert not [b for b in at.button if b.key == "confirm-decode"]
+    assert fake.changes() == [] and fake.targets[Role.DECODE].tp == 2
+    assert not at.toast
+
+
+def test_refused_capacity_change_detail_verbatim(console: Console,
+                                                 fake: FakeController) -> None:
+    at = console(fake, "controls")
+    review_pool(at, "decode", size=100)
+    assert ("prefill 1 x TP4, decode 100 x TP2 needs 204 accelerators placed "
+            "TP-group-per-node, but the cluster has 4 node(s) x 8 = 32") in texts(at.error)
+    assert fake.changes() == []
+
+
+def test_a_change_refused_at_confirmation_shows_the_detail(console: Console,
+                                                           fake: FakeController) -> None:
+    at = console(fake, "controls")
+    review_pool(at, "decode", size=3)
+    fake.nodes = 1  # the cluster shrank between the review and the confirmation
+    at.button(key="confirm-decode").click().run()
+    no_exceptions(at)
+    assert "Refused by the controller (HTTP 422); nothing was changed" in texts(at.error)
+    assert fake.targets[Role.DECODE].size == 1
+
+
+def test_drain_needs_confirmation(console: Console, fake: FakeController) -> None:
+    fake.instances = make_instances(1, 3)
+    at = console(fake, "controls")
+    by_label(at.selectbox, "instance").set_value("decode-3")
+    by_label(at.button, "Review drain").click()
+    at.run()
+    assert fake.changes() == []
+    assert "Confirm a disruptive change — drain decode-3" in texts(at.warning)
+    at.button(key="confirm-drain").click().run()
+    assert fake.changes() == [("POST", "/api/v1/instances/decode-3/drain", None)]
+    assert "decode-3 is draining" in texts(at.toast)
+
+
+def test_routing_change_sends_only_changed_fields(console: Console,
+                                                  fake: FakeController) -> None:
+    at = console(fake, "controls")
+    by_label(at.selectbox, "decode policy").set_value("round_robin")
+    by_label(at.number_input, "disaggregate from prompt tokens").set_value(1024)
+    by_label(at.button, "Review routing change").click()
+    at.run()
+    no_exceptions(at)
+    assert fake.changes() == [], "nothing is sent before the operator confirms"
+    assert "Confirm — routing: disagg_min_prompt_tokens, decode_policy" in texts(at.info)
+    assert "would have gone colocated instead of disaggregated" in texts(at.markdown)
+    assert by_label(at.button, "Confirm change").proto.type == "secondary"  # harmless
+    at.button(key="confirm-routing").click().run()
+    assert fake.changes() == [("PATCH", "/api/v1/routing",
+                               {"decode_policy": "round_robin",
+                                "disagg_min_prompt_tokens": 1024})]
+    assert "routing updated" in texts(at.toast)
+
+
+def test_refused_routing_change_shows_detail(console: Console, fake: FakeController) -> None:
+    at = console(fake, "controls")
+    by_label(at.number_input, "disaggregate from prompt tokens").set_value(2_000_000)
+    by_label(at.button, "Review routing change").click()
+    at.run()
+    at.button(key="confirm-routing").click().run()
+    assert "disagg_min_prompt_tokens: must be at most 1000000" in texts(at.error)
+    assert fake.routing["disagg_min_prompt_tokens"] == 512
