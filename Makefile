@@ -90,7 +90,7 @@ bench: $(STAMP) $(LAB_MODEL)/model.safetensors $(VLLM_ROUTER) $(GUIDELLM)
 	$(BIN)/python -m bench
 
 bench-router: $(STAMP) $(VLLM_ROUTER)
-	$(BIN)/python -m bench.router
+	$(BIN)/python -m bench router
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENVS) .pdctl .pytest_cache .mypy_cache .ruff_cache

@@ -67,7 +67,8 @@ class MachineTimes:
                 "idle_pct": 100 * self.idle / total}
 
 
-def machine() -> MachineTimes:
+def machine_times() -> MachineTimes:
+    """The whole machine's CPU seconds now."""
     t = psutil.cpu_times()
     return MachineTimes(t.user + getattr(t, "nice", 0.0),
                         t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0),

@@ -50,7 +50,7 @@ _IDS = itertools.count(1)
 
 
 @dataclass
-class Counters:
+class PortCounters:
     """One port's vLLM-named counters."""
 
     requests: int = 0  # vllm:request_success_total
@@ -71,7 +71,9 @@ class Shared:
     handles: OrderedDict[tuple[str, str], int] = field(default_factory=OrderedDict)
 
 
-class ApiError(Exception):
+class RefusedRequest(Exception):
+    """A request refused with ``status`` (400 unless said otherwise)."""
+
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
@@ -82,101 +84,124 @@ def _status_line(status: int) -> bytes:
     return b"HTTP/1.1 %d %s\r\n" % (status, reason)
 
 
+def whole_answer(rid: str, model: str, chat: bool, max_tokens: int, usage: dict[str, int],
+                 kv_out: dict[str, Any] | None) -> bytes:
+    """A non-streamed completion or chat answer of ``max_tokens`` tokens."""
+    text = " x" * max_tokens
+    choice: dict[str, Any] = (
+        {"index": 0, "message": {"role": "assistant", "content": text},
+         "finish_reason": "length"} if chat else
+        {"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
+         "stop_reason": None})
+    return orjson.dumps({
+        "id": rid, "object": "chat.completion" if chat else "text_completion",
+        "created": CREATED, "model": model, "choices": [choice], "usage": usage,
+        "kv_transfer_params": kv_out, "metrics": METRICS_ZERO})
+
+
+def stream_events(rid: str, model: str, chat: bool, max_tokens: int,
+                  usage: dict[str, int] | None) -> list[dict[str, Any]]:
+    """The SSE events of a streamed answer, a token each (``usage``: asked for with
+    ``stream_options.include_usage``)."""
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    events = []
+    if chat:
+        events.append({"id": rid, "object": obj, "created": CREATED, "model": model,
+                       "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                    "finish_reason": None}]})
+    for i in range(max_tokens):
+        last = i + 1 == max_tokens
+        finish = "length" if last else None
+        choice = ({"index": 0, "delta": {"content": " x"}, "finish_reason": finish}
+                  if chat else {"index": 0, "text": " x", "logprobs": None,
+                                "finish_reason": finish})
+        event: dict[str, Any] = {"id": rid, "object": obj, "created": CREATED,
+                                 "model": model, "choices": [choice]}
+        if usage is not None:
+            event["usage"] = None
+        if last:
+            event["metrics"] = METRICS_ZERO
+            event["kv_transfer_params"] = None
+        events.append(event)
+    if usage is not None:
+        events.append({"id": rid, "object": obj, "created": CREATED, "model": model,
+                       "choices": [], "usage": usage, "metrics": METRICS_ZERO})
+    return events
+
+
 class Engine:
     """One port: its identity and counters."""
 
     def __init__(self, role: str, host: str, port: int, shared: Shared) -> None:
         self.role, self.host, self.port, self.shared = role, host, port, shared
         self.engine_id = f"instant-{role}-{port}"
-        self.c = Counters()
+        self.c = PortCounters()
 
     # ---- generation ------------------------------------------------------------------
 
     def generate(self, body: Any, chat: bool) -> tuple[int, bytes, bytes]:
         """(status, content type, body) of a completion or chat request."""
         if not isinstance(body, dict):
-            raise ApiError("request body must be a JSON object")
+            raise RefusedRequest("request body must be a JSON object")
         prompt = body.get("messages") if chat else body.get("prompt")
         prompt_tokens = max(1, len(orjson.dumps(prompt)) // 4)
         max_tokens = body.get("max_completion_tokens") if chat else None
         if max_tokens is None:
             max_tokens = body.get("max_tokens", 16)
         if not isinstance(max_tokens, int):
-            raise ApiError("max_tokens must be an integer")
+            raise RefusedRequest("max_tokens must be an integer")
         kv = body.get("kv_transfer_params")
         kv_out: dict[str, Any] | None = None
         if isinstance(kv, dict) and kv.get("do_remote_prefill"):
-            key = (str(kv.get("remote_engine_id")), str(kv.get("remote_request_id")))
-            tokens = self.shared.handles.pop(key, None)
-            if max_tokens < 1:  # a release: vLLM refuses the hop and frees the handle
-                if tokens is not None:
-                    self.c.released += 1
-                raise ApiError("max_tokens must be at least 1")
-            if tokens is None:
-                self.c.stale_reads += 1  # reported by the prefill side, as in vLLM
-            else:
-                self.c.kv_pulls += 1
-                self.c.prompt_external += tokens
+            self.pull(kv, max_tokens)
         elif max_tokens < 1:
-            raise ApiError("max_tokens must be at least 1")
+            raise RefusedRequest("max_tokens must be at least 1")
         else:
             self.c.prompt_local += prompt_tokens
             if isinstance(kv, dict) and kv.get("do_remote_decode"):
                 max_tokens = 1
-                rid = f"instant-{next(_IDS)}"
-                handles = self.shared.handles
-                handles[(self.engine_id, rid)] = prompt_tokens
-                if len(handles) > MAX_HANDLES:
-                    handles.popitem(last=False)
-                kv_out = {"do_remote_prefill": True, "do_remote_decode": False,
-                          "remote_block_ids": [0], "remote_request_id": rid,
-                          "remote_engine_id": self.engine_id, "remote_host": self.host,
-                          "remote_port": self.port, "tp_size": 1}
+                kv_out = self.issue_handle(prompt_tokens)
         self.c.requests += 1
         self.c.generated += max_tokens
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
                  "total_tokens": prompt_tokens + max_tokens}
         rid = f"{'chatcmpl' if chat else 'cmpl'}-instant-{next(_IDS)}"
-        model = self.shared.model
         if not body.get("stream"):
-            text = " x" * max_tokens
-            choice: dict[str, Any] = (
-                {"index": 0, "message": {"role": "assistant", "content": text},
-                 "finish_reason": "length"} if chat else
-                {"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
-                 "stop_reason": None})
-            return 200, b"application/json", orjson.dumps({
-                "id": rid, "object": "chat.completion" if chat else "text_completion",
-                "created": CREATED, "model": model, "choices": [choice], "usage": usage,
-                "kv_transfer_params": kv_out, "metrics": METRICS_ZERO})
-        obj = "chat.completion.chunk" if chat else "text_completion"
+            return 200, b"application/json", whole_answer(rid, self.shared.model, chat,
+                                                          max_tokens, usage, kv_out)
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        events = []
-        if chat:
-            events.append({"id": rid, "object": obj, "created": CREATED, "model": model,
-                           "choices": [{"index": 0, "delta": {"role": "assistant",
-                                                              "content": ""},
-                                        "finish_reason": None}]})
-        for i in range(max_tokens):
-            last = i + 1 == max_tokens
-            finish = "length" if last else None
-            choice = ({"index": 0, "delta": {"content": " x"}, "finish_reason": finish}
-                      if chat else {"index": 0, "text": " x", "logprobs": None,
-                                    "finish_reason": finish})
-            event: dict[str, Any] = {"id": rid, "object": obj, "created": CREATED,
-                                     "model": model, "choices": [choice]}
-            if include_usage:
-                event["usage"] = None
-            if last:
-                event["metrics"] = METRICS_ZERO
-                event["kv_transfer_params"] = None
-            events.append(event)
-        if include_usage:
-            events.append({"id": rid, "object": obj, "created": CREATED, "model": model,
-                           "choices": [], "usage": usage, "metrics": METRICS_ZERO})
+        events = stream_events(rid, self.shared.model, chat, max_tokens,
+                               usage if include_usage else None)
         data = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events)
         return 200, b"text/event-stream", data + b"data: [DONE]\n\n"
+
+    def pull(self, kv: dict[str, Any], max_tokens: int) -> None:
+        """A decode hop: its KV handle read (and removed), or a release (``max_tokens``
+        below 1) refused with 400 as vLLM does, the handle freed."""
+        key = (str(kv.get("remote_engine_id")), str(kv.get("remote_request_id")))
+        tokens = self.shared.handles.pop(key, None)
+        if max_tokens < 1:  # a release: vLLM refuses the hop and frees the handle
+            if tokens is not None:
+                self.c.released += 1
+            raise RefusedRequest("max_tokens must be at least 1")
+        if tokens is None:
+            self.c.stale_reads += 1  # reported by the prefill side, as in vLLM
+        else:
+            self.c.kv_pulls += 1
+            self.c.prompt_external += tokens
+
+    def issue_handle(self, prompt_tokens: int) -> dict[str, Any]:
+        """A prefill hop's KV handle, kept for one read; its ``kv_transfer_params``."""
+        rid = f"instant-{next(_IDS)}"
+        handles = self.shared.handles
+        handles[(self.engine_id, rid)] = prompt_tokens
+        if len(handles) > MAX_HANDLES:
+            handles.popitem(last=False)
+        return {"do_remote_prefill": True, "do_remote_decode": False,
+                "remote_block_ids": [0], "remote_request_id": rid,
+                "remote_engine_id": self.engine_id, "remote_host": self.host,
+                "remote_port": self.port, "tp_size": 1}
 
     # ---- plain endpoints -------------------------------------------------------------
 
@@ -226,9 +251,9 @@ class Engine:
                 try:
                     parsed = orjson.loads(body)
                 except orjson.JSONDecodeError as exc:
-                    raise ApiError(f"request body is not valid JSON: {exc}") from None
+                    raise RefusedRequest(f"request body is not valid JSON: {exc}") from None
                 return self.generate(parsed, chat=path == b"/v1/chat/completions")
-            except ApiError as err:
+            except RefusedRequest as err:
                 return err.status, b"application/json", orjson.dumps(
                     {"error": {"message": str(err), "type": "BadRequestError",
                                "param": None, "code": err.status}})
@@ -280,7 +305,8 @@ class Connection(asyncio.Protocol):
                 self.transport.close()
 
 
-async def serve(host: str, ports: dict[str, int], model: str) -> None:
+async def serve_instant_engines(host: str, ports: dict[str, int], model: str) -> None:
+    """Both ports served until SIGTERM or SIGINT."""
     loop = asyncio.get_running_loop()
     shared = Shared(model)
     servers = []
@@ -296,17 +322,19 @@ async def serve(host: str, ports: dict[str, int], model: str) -> None:
         s.close()
 
 
-def main(argv: list[str] | None = None) -> int:
+def serve_from_command_line(argv: list[str] | None = None) -> int:
+    """``python -m bench.instant_engine``: its own process, started by the router scenario
+    (``bench.fleet.instant_engine_argv``); not a scenario: it measures nothing."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prefill-port", type=int, required=True)
     ap.add_argument("--decode-port", type=int, required=True)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--model", default="llama-3-8b", help="the served model name")
     args = ap.parse_args(argv)
-    uvloop.run(serve(args.host, {"prefill": args.prefill_port, "decode": args.decode_port},
-                     args.model))
+    ports = {"prefill": args.prefill_port, "decode": args.decode_port}
+    uvloop.run(serve_instant_engines(args.host, ports, args.model))
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(serve_from_command_line())

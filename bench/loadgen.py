@@ -30,18 +30,16 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
-import uvloop
+from uvloop import run as run  # re-exported: every load runs on a fresh uvloop loop
 
 from bench import stats
 from controller.router.h1 import H1Upstream
-from controller.router.upstream import UpstreamError
-
-T = TypeVar("T")
+from controller.router.upstream import Stream, UpstreamError
 
 #: Idle keep-alive connections are dropped after this many seconds: below uvicorn's (so the
 #: controller's, vLLM's and the sim engine's) 5 s, so that the client never reuses a
@@ -83,6 +81,59 @@ def _has_token(event: bytes) -> bool:
     return False
 
 
+def _whole_answer(status: int, data: bytes, t0: float, max_tokens: int | None) -> float:
+    """Seconds from ``t0`` to a whole (not streamed) answer, now read; ``RequestError``
+    unless it is a 200 JSON body without ``error`` (with ``max_tokens`` tokens, when
+    asked)."""
+    if status != 200:
+        raise RequestError(f"http {status}", repr(data[:200]))
+    took = time.perf_counter() - t0
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise RequestError("bad body", repr(data[:200])) from None
+    if not isinstance(obj, dict) or "error" in obj:
+        raise RequestError("error body", repr(data[:200]))
+    if max_tokens is not None and (
+            (obj.get("usage") or {}).get("completion_tokens") != max_tokens):
+        raise RequestError("wrong token count", repr(obj.get("usage")))
+    return took
+
+
+async def _streamed(resp: Stream, t0: float, gaps: list[float] | None) -> float:
+    """Seconds from ``t0`` to the first token event of a streamed answer, read to its end;
+    ``RequestError`` for an error event, no token, or no ``[DONE]``."""
+    ttft: float | None = None
+    buf = b""
+    tail = b""
+    last = 0.0
+    async for chunk in resp.chunks():
+        if ttft is None:
+            buf += chunk
+            while ttft is None and b"\n\n" in buf:
+                event, buf = buf.split(b"\n\n", 1)
+                if _has_token(event.strip()):
+                    ttft = time.perf_counter() - t0
+            if ttft is not None:
+                if b'"error"' in buf:
+                    raise RequestError("stream error event", repr(buf[:200]))
+                tail = buf[-64:]
+                last = time.perf_counter()
+        else:
+            if b'"error"' in chunk:
+                raise RequestError("stream error event", repr(chunk[:200]))
+            tail = (tail + chunk)[-64:]
+            if gaps is not None:
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+    if ttft is None:
+        raise RequestError("stream without a token", repr(buf[:200]))
+    if b"[DONE]" not in tail:
+        raise RequestError("stream without [DONE]", repr(tail))
+    return ttft
+
+
 class Client:
     """HTTP/1.1 keep-alive client for load (see the module docstring). Create it inside the
     event loop that uses it: its connections belong to that loop."""
@@ -115,53 +166,12 @@ class Client:
             raise RequestError("connection", str(exc)) from None
         try:
             if resp.status != 200 or not stream:
-                data = await resp.read()
-                if resp.status != 200:
-                    raise RequestError(f"http {resp.status}", repr(data[:200]))
-                took = time.perf_counter() - t0
-                try:
-                    obj = orjson.loads(data)
-                except orjson.JSONDecodeError:
-                    raise RequestError("bad body", repr(data[:200])) from None
-                if not isinstance(obj, dict) or "error" in obj:
-                    raise RequestError("error body", repr(data[:200]))
-                if max_tokens is not None and (
-                        (obj.get("usage") or {}).get("completion_tokens") != max_tokens):
-                    raise RequestError("wrong token count", repr(obj.get("usage")))
-                return took
-            ttft: float | None = None
-            buf = b""
-            tail = b""
-            last = 0.0
-            async for chunk in resp.chunks():
-                if ttft is None:
-                    buf += chunk
-                    while ttft is None and b"\n\n" in buf:
-                        event, buf = buf.split(b"\n\n", 1)
-                        if _has_token(event.strip()):
-                            ttft = time.perf_counter() - t0
-                    if ttft is not None:
-                        if b'"error"' in buf:
-                            raise RequestError("stream error event", repr(buf[:200]))
-                        tail = buf[-64:]
-                        last = time.perf_counter()
-                else:
-                    if b'"error"' in chunk:
-                        raise RequestError("stream error event", repr(chunk[:200]))
-                    tail = (tail + chunk)[-64:]
-                    if gaps is not None:
-                        now = time.perf_counter()
-                        gaps.append(now - last)
-                        last = now
+                return _whole_answer(resp.status, await resp.read(), t0, max_tokens)
+            return await _streamed(resp, t0, gaps)
         except UpstreamError as exc:
             raise RequestError("connection", str(exc)) from None
         finally:
             resp.close()
-        if ttft is None:
-            raise RequestError("stream without a token", repr(buf[:200]))
-        if b"[DONE]" not in tail:
-            raise RequestError("stream without [DONE]", repr(tail))
-        return ttft
 
     async def post_json(self, url: str, payload: bytes, resend: bool = True) -> Any:
         """POST and return the parsed JSON answer; ``RequestError`` if it is not 200."""
@@ -183,7 +193,7 @@ RequestFn = Callable[[Client], Awaitable[float]]
 
 
 @dataclass
-class Result:
+class ClosedLoopResult:
     """One closed-loop measurement: TTFTs (seconds) of the requests in the window."""
 
     ttft: list[float] = field(default_factory=list)
@@ -195,27 +205,28 @@ class Result:
 
     def pct(self, q: float) -> float:
         """Percentile of TTFT in milliseconds (``bench.stats``; NaN without samples)."""
-        return stats.quantile(self.ttft, q) * 1e3
+        return stats.quantile_or_nan(self.ttft, q) * 1e3
 
     @property
     def rps(self) -> float:
         return self.done / self.seconds if self.seconds > 0 else math.nan
 
     @staticmethod
-    def merge(results: list[Result]) -> Result:
-        return Result([t for r in results for t in r.ttft], sum(r.done for r in results),
-                      sum(r.errors for r in results), sum(r.seconds for r in results),
-                      sum(r.total_done for r in results),
-                      [e for r in results for e in r.error_samples][:5])
+    def merge(results: list[ClosedLoopResult]) -> ClosedLoopResult:
+        return ClosedLoopResult([t for r in results for t in r.ttft],
+                                sum(r.done for r in results), sum(r.errors for r in results),
+                                sum(r.seconds for r in results),
+                                sum(r.total_done for r in results),
+                                [e for r in results for e in r.error_samples][:5])
 
 
 async def closed_loop(fn: RequestFn, concurrency: int, duration: float, *,
                       warmup: float = 0.0, max_requests: int | None = None,
-                      read_timeout_s: float = 120.0) -> Result:
+                      read_timeout_s: float = 120.0) -> ClosedLoopResult:
     """``concurrency`` workers calling ``fn(client)`` back to back for ``warmup + duration``
     seconds (or until ``max_requests`` were sent). Requests started in the warm-up, or
     finished after the window, are not counted (but waited for)."""
-    res = Result(seconds=duration)
+    res = ClosedLoopResult(seconds=duration)
     sent = 0
     async with Client(read_timeout_s) as client:
         start = time.perf_counter()
@@ -337,8 +348,3 @@ class OpenLoop:
                 self.unfinished = len(pending)
                 for t in pending:
                     t.cancel()
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine on a fresh uvloop event loop."""
-    return uvloop.run(coro)

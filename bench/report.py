@@ -1,20 +1,18 @@
-"""The report around the scenarios' results: number formatting, the raw-results JSON, the
-machine and commit lines, and BENCHMARKS.md rendered from the parts that ran."""
+"""The scenarios' results as text and JSON: number formatting, ratios, the raw-results JSON
+(strict: NaN as null) and the lines that describe this machine."""
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
 import math
 import os
 import platform
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = ROOT / "bench-results"  # every scenario's JSON and log (git-ignored)
 
 
 def fmt(x: float | None, spec: str = "7.2f") -> str:
@@ -52,21 +50,8 @@ def write_json(path: Path, result: Any) -> None:
     path.write_text(json.dumps(jsonable(result), indent=1))
 
 
-def finish(text: str, result: Any, path: Path, why: str | None) -> int:
-    """The end of a part run alone (``python -m bench.<part>``): print its report, write its
-    JSON, and exit 1 with ``why`` when its check found a problem, else 0."""
-    import sys  # noqa: PLC0415
-
-    print("\n" + text)
-    write_json(path, result)
-    print(f"results: {path}")
-    if why:
-        print(f"ERROR: {why}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def machine() -> list[str]:
+def machine_lines() -> list[str]:
+    """This machine in two lines: CPUs and memory, then the OS and Python."""
     cpu = "unknown CPU"
     with open("/proc/cpuinfo") as f:
         for line in f:
@@ -77,57 +62,3 @@ def machine() -> list[str]:
         mem_kb = next(int(line.split()[1]) for line in f if line.startswith("MemTotal"))
     return [f"{os.cpu_count()} CPUs ({cpu}), {mem_kb / 2**20:.0f} GiB memory, no GPU",
             f"{platform.system()} {platform.release()}, Python {platform.python_version()}"]
-
-
-def commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                         capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()
-    return out.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
-
-
-@dataclass
-class PartRun:
-    """One part of ``python -m bench`` as it ran: its report text, or why it failed."""
-
-    number: int  # the part's place in ``python -m bench``'s order
-    name: str
-    title: str
-    about: str
-    module: str
-    seconds: float
-    text: str  # the report, or the end of the output of a failed part
-    failed: str | None = None
-
-
-def benchmarks_md(parts: list[PartRun], started: dt.datetime,
-                  load: tuple[float, float, float], quick: bool) -> str:
-    """BENCHMARKS.md, with a section per part that ran."""
-    out = [
-        "# Benchmarks",
-        "",
-        "Written by `make bench` (`python -m bench`); do not edit by hand -- rerun it.",
-        "",
-        f"- Run: {started:%Y-%m-%d %H:%M} UTC, commit {commit()}"
-        + (" (`--quick`: smoke-test sizes, not figures to quote)" if quick else ""),
-        *(f"- Machine: {m}" for m in machine()),
-        f"- Load average when it started: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
-        "- Reproduce: `make bench` (creates `.bench/venv-router` with vllm-router 0.1.17 and "
-        "`.bench/venv-guidellm` with guidellm 0.8.1 on the CPU build of torch, writes the lab "
-        "model, runs every part, rewrites this file). Whole output per part in "
-        "`bench-results/<part>.log`, raw results in `bench-results/<part>.json`.",
-        "- Two cores run the client, the router and every engine: latency and rate move with "
-        "anything else on the machine; ratios come from runs interleaved in one session, and "
-        "CPU time per request is the steadiest figure.",
-        "- Every percentile and median is the controller's definition (numpy "
-        "`inverted_cdf`, nearest rank; `bench/stats.py`); quantiles from Prometheus "
-        "histograms are Prometheus's `histogram_quantile` estimate.",
-        "",
-    ]
-    for part in parts:
-        verdict = "finished" if part.failed is None else f"FAILED ({part.failed})"
-        out += [f"## {part.number}. {part.title}", "", part.about, "",
-                f"`python -m {part.module}`: {verdict} in {part.seconds / 60:.1f} min.", "",
-                "```text", part.text.strip(), "```", ""]
-    return "\n".join(out)

@@ -64,30 +64,30 @@ def spawn(argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None
         )
 
 
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
 
 
 async def stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
     """SIGTERM the process group, then SIGKILL it if it has not exited within ``grace_s``."""
-    _signal_group(proc, signal.SIGTERM)
+    signal_group(proc, signal.SIGTERM)
     deadline = asyncio.get_running_loop().time() + grace_s
     while proc.poll() is None and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.05)
-    _signal_group(proc, signal.SIGKILL)  # also reaps grandchildren that ignored SIGTERM
+    signal_group(proc, signal.SIGKILL)  # also reaps grandchildren that ignored SIGTERM
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
 
 
 def stop_group_sync(proc: subprocess.Popen[bytes], grace_s: float) -> None:
     """``stop_group`` for code that has no event loop."""
-    _signal_group(proc, signal.SIGTERM)
+    signal_group(proc, signal.SIGTERM)
     try:
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         pass
-    _signal_group(proc, signal.SIGKILL)
+    signal_group(proc, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
 

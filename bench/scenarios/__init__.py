@@ -1,0 +1,21 @@
+"""Every scenario, in the order the suite (``python -m bench``) runs them, then the measuring
+tools it does not run. Each is a ``bench.scenario.Scenario``: a module or package of its own
+here, named as on the command line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.scenario import Scenario
+from bench.scenarios.console import ConsoleScenario
+from bench.scenarios.lab import LabScenario
+from bench.scenarios.measure_lab import MeasureLabTool
+from bench.scenarios.nixl import NixlTool
+from bench.scenarios.planner import PlannerScenario
+from bench.scenarios.ray_start import RayStartScenario
+from bench.scenarios.router import RouterScenario
+from bench.scenarios.scale import ScaleScenario
+
+SCENARIOS: tuple[Scenario[Any, Any], ...] = (
+    RouterScenario(), LabScenario(), ScaleScenario(), ConsoleScenario(), RayStartScenario(),
+    PlannerScenario(), NixlTool(), MeasureLabTool())
