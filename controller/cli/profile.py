@@ -136,7 +136,7 @@ async def wait_healthy(url: str, launcher: ProcessLauncher, launched: Launched,
             await asyncio.sleep(0.5)
 
 
-async def _run(settings: Settings, args: argparse.Namespace) -> Path:
+async def _profile_engine(settings: Settings, args: argparse.Namespace) -> Path:
     tp = args.tp
     backend, name = settings.backend, settings.model.name
     accel = settings.hardware.accelerator
@@ -188,7 +188,7 @@ def run_profile(args: argparse.Namespace) -> int:
             print(f"pdctl profile: {fit}", file=sys.stderr)
             return 2
     try:
-        path = asyncio.run(_run(settings, args))
+        path = asyncio.run(_profile_engine(settings, args))
     except (RuntimeError, httpx.HTTPError, OSError) as exc:
         print(f"pdctl profile: {exc}", file=sys.stderr)
         return 1

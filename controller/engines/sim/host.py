@@ -234,7 +234,7 @@ def _file_log(path: str | None, fmt: logging.Formatter) -> logging.Handler | Non
     return handler
 
 
-def _error(status: int, message: str) -> JSONResponse:
+def _host_error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
 
 
@@ -255,15 +255,15 @@ def create_host_app(host: SimHost) -> Starlette:
             if log_path is not None and not isinstance(log_path, str):
                 raise TypeError("log_path must be a string")
         except (ValueError, KeyError, TypeError) as exc:
-            return _error(422, f"expected {{\"args\": [flags], \"log_path\": path}}: {exc}")
+            return _host_error(422, f"expected {{\"args\": [flags], \"log_path\": path}}: {exc}")
         try:
             hosted = await host.start(args, log_path)
         except SimConfigError as exc:
-            return _error(422, f"engine-sim: {exc}")
+            return _host_error(422, f"engine-sim: {exc}")
         except KeyError as exc:
-            return _error(409, f"engine {exc.args[0]} already runs on this host")
+            return _host_error(409, f"engine {exc.args[0]} already runs on this host")
         except OSError as exc:
-            return _error(409, f"cannot serve the engine: {exc}")
+            return _host_error(409, f"cannot serve the engine: {exc}")
         return JSONResponse({**hosted.state(),
                              "url": f"http://{advertised_host(hosted.host)}:{hosted.port}"},
                             status_code=201)
@@ -273,9 +273,9 @@ def create_host_app(host: SimHost) -> Starlette:
         try:
             grace_s = float(request.query_params.get("grace_s", GRACEFUL_SHUTDOWN_S))
         except ValueError:
-            return _error(422, "grace_s must be a number of seconds")
+            return _host_error(422, "grace_s must be a number of seconds")
         if engine_id not in host.engines:
-            return _error(404, f"no engine {engine_id} on this host")
+            return _host_error(404, f"no engine {engine_id} on this host")
         return JSONResponse((await host.stop(engine_id, grace_s)).state())
 
     @contextlib.asynccontextmanager

@@ -80,7 +80,7 @@ def _bool_field(body: dict[str, Any], key: str) -> bool:
     return value
 
 
-def _check_prompt(body: dict[str, Any], chat: bool) -> None:
+def _require_prompt(body: dict[str, Any], chat: bool) -> None:
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -168,7 +168,7 @@ def parse_request(body: Any, *, chat: bool, request_id: str, model_name: str,
     model = body.get("model")
     if model is not None and model != model_name:
         raise EngineError(f"The model `{model}` does not exist.", 404, "NotFoundError")
-    _check_prompt(body, chat)
+    _require_prompt(body, chat)
     if body.get("n", 1) != 1:
         raise EngineError("n must be 1 (the simulated engine returns one choice)")
     max_tokens = _max_tokens(body, chat)
