@@ -5,13 +5,25 @@ from __future__ import annotations
 
 import asyncio
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from controller.errors import RoutingError
+from controller.models import RequestRecord
 from controller.router.answer import Answer, internal_error
 from controller.router.request import Ctx
 
-if TYPE_CHECKING:
-    from controller.router.proxy import Proxy
+
+class Served(Protocol):
+    """What ``Serving`` needs of the proxy (``controller.router.proxy.Proxy``)."""
+
+    inflight: int
+
+    def admission(self) -> RoutingError | None: ...
+
+    async def answer(self, ctx: Ctx) -> Answer: ...
+
+    def record(self, ctx: Ctx, status: str, response: dict[str, Any] | None,
+               error: str | None = None) -> RequestRecord: ...
 
 
 class Serving:
@@ -21,7 +33,7 @@ class Serving:
 
     __slots__ = ("_proxy", "_ctx", "_answer", "_admitted")
 
-    def __init__(self, proxy: Proxy, ctx: Ctx) -> None:
+    def __init__(self, proxy: Served, ctx: Ctx) -> None:
         self._proxy, self._ctx = proxy, ctx
         self._answer: Answer | None = None
         self._admitted = False
