@@ -88,7 +88,7 @@ def sse(data: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
 
-DONE_EVENT = b"data: [DONE]\n\n"
+STREAM_END = b"data: [DONE]\n\n"
 
 
 def role_chunk(r: Reply) -> bytes:

@@ -256,7 +256,7 @@ async def _events(r: out.Reply) -> AsyncIterator[bytes]:
         yield out.error_chunk(r.stream.error)
     elif r.req.include_usage:
         yield out.usage_chunk(r)
-    yield out.DONE_EVENT
+    yield out.STREAM_END
 
 
 class EventStreamResponse(StreamingResponse):
