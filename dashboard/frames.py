@@ -163,13 +163,13 @@ CHANGE_KINDS = ("pool.update", "routing.update", "targets.update", "planner.upda
 def change_marks(events: list[EventPublic], since: float, until: float = math.inf
                  ) -> pd.DataFrame:
     """The cluster's changes in ``[since, until]`` (unix s) for chart annotations: ``time,
-    kind, label`` (who changed what)."""
+    kind, label`` (who changed what), oldest first (the audit log reads newest first)."""
     rows = [(e.ts, e.kind.split(".")[0], f"{e.kind} {e.target} by {e.actor}: "
              f"{_compact(e.after)}") for e in events
             if e.kind in CHANGE_KINDS and since <= e.ts <= until]
-    df = pd.DataFrame(rows, columns=["ts", "kind", "label"])
+    df = pd.DataFrame(rows, columns=["ts", "kind", "label"]).sort_values("ts", kind="stable")
     df["time"] = _when(df["ts"].to_numpy())
-    return df[["time", "kind", "label"]]
+    return df[["time", "kind", "label"]].reset_index(drop=True)
 
 
 def before_after(before: StatsPublic, after: StatsPublic) -> pd.DataFrame | None:

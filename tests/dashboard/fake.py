@@ -130,6 +130,7 @@ class FakeController:
     reachable: bool = True
     nodes: int = 4
     calls: list[tuple[str, str, Any]] = field(default_factory=list)
+    audit: list[dict[str, Any]] | None = None  # the audit log, newest first (None: a default)
 
     def client(self, token: str | None = TOKEN) -> ControllerClient:
         return ControllerClient(URL, token, transport=httpx.MockTransport(self.handle))
@@ -292,6 +293,8 @@ class FakeController:
         }
 
     def events(self) -> list[dict[str, Any]]:
+        if self.audit is not None:
+            return self.audit
         return [{"id": 2, "ts": time.time(), "actor": "pdctl-console", "kind": "pool.update",
                  "target": "decode", "before": {"size": 1, "tp": 2},
                  "after": {"size": 2, "tp": 2}, "detail": None},

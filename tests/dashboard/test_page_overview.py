@@ -194,3 +194,21 @@ def test_recent_requests_show_the_suspect_flag(console: Console, fake: FakeContr
     assert (table["suspect"].iloc[1:] == "").all()
     assert table["kv_handle"].iloc[0] == "cmpl-req-299-0"
     assert any("1 suspect" in e.label for e in at.expander)
+
+
+def test_last_change_is_the_newest_change_in_the_window(console: Console,
+                                                         fake: FakeController) -> None:
+    """The audit log arrives newest first; "Last change" is the newest change, not the
+    oldest in the window."""
+    now = time.time()
+
+    def pool_update(eid: int, ago: float, size: int) -> dict[str, object]:
+        return {"id": eid, "ts": now - ago, "actor": "pdctl-cli", "kind": "pool.update",
+                "target": "decode", "before": {"size": size - 1, "tp": 2},
+                "after": {"size": size, "tp": 2}, "detail": None}
+
+    fake.audit = [pool_update(3, 20, 3), pool_update(2, 200, 2)]
+    at = console(fake)
+    no_exceptions(at)
+    caption = next(c.value for c in at.caption if "requests started within" in c.value)
+    assert caption.startswith('pool.update decode by pdctl-cli: {"size":3,'), caption
