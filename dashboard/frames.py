@@ -274,15 +274,21 @@ def instances_frame(instances: Iterable[InstancePublic]) -> pd.DataFrame:
 LEASE_COUNTERS = ("kv_expired_requests", "notifications_after_expiry")
 
 
-def lease_frame(instances: Iterable[InstancePublic]) -> pd.DataFrame:
+def lease_frame(instances: Iterable[InstancePublic], requests: pd.DataFrame | None = None
+                ) -> pd.DataFrame:
     """Per prefill instance, its engine's cumulative KV lease counters (``nixl``
-    ``kv_expired_requests``, ``notifications_after_expiry``), sorted by id. NaN where the
-    controller does not report them (older than the fields)."""
+    ``kv_expired_requests``, ``notifications_after_expiry``) and the KV handles it produced
+    for ``requests`` (a ``requests_frame``: the router's records; the engines count NIXL
+    transfers on the decode side only), sorted by id. NaN where the controller does not report
+    the counters (older than the fields), and for handles without ``requests``."""
+    handles = (None if requests is None else
+               requests.loc[requests["kv_handle"] != "", "prefill_instance"].value_counts())
     rows = [(i.id, i.state.value, _nan(i.nixl.kv_expired_requests),
-             _nan(i.nixl.notifications_after_expiry), i.nixl.transfers)
+             _nan(i.nixl.notifications_after_expiry),
+             math.nan if handles is None else float(handles.get(i.id, 0)))
             for i in instances if i.role is Role.PREFILL]
-    df = pd.DataFrame(rows, columns=["id", "state", *LEASE_COUNTERS, "transfers"])
-    df = df.astype(dict.fromkeys((*LEASE_COUNTERS, "transfers"), "float64"))
+    df = pd.DataFrame(rows, columns=["id", "state", *LEASE_COUNTERS, "kv_handles"])
+    df = df.astype(dict.fromkeys((*LEASE_COUNTERS, "kv_handles"), "float64"))
     return df.sort_values("id", key=lambda s: s.map(_natural)).reset_index(drop=True)
 
 

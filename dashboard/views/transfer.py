@@ -196,7 +196,10 @@ LEASE_COLUMNS = {
         "reads after expiry", format="%.0f",
         help="decode reads that completed after the blocks were freed: the output of those "
              "requests may be wrong (`vllm:nixl_num_notifications_after_expiry`, cumulative)"),
-    **number_columns("%.0f", transfers="NIXL transfers"),
+    "kv_handles": st.column_config.NumberColumn(
+        "KV handles", format="%.0f",
+        help="KV handles this prefill produced for the requests listed (router's records); "
+             "NIXL counts its transfers on the decode engines"),
 }
 
 
@@ -204,8 +207,10 @@ LEASE_COLUMNS = {
 @errors.card
 def leases() -> None:
     st.subheader("KV leases per prefill instance")
-    s, cl = reads.range_stats(time_range()), reads.cluster()
-    df = frames.lease_frame(cl.instances)
+    rng = time_range()
+    s, cl = reads.range_stats(rng), reads.cluster()
+    recent = reads.requests_in(rng)
+    df = frames.lease_frame(cl.instances, recent)
     k = s.kv_integrity
     if k is not None:
         cols = st.columns(3)
@@ -222,7 +227,8 @@ def leases() -> None:
     if df[list(frames.LEASE_COUNTERS)].isna().all().all():
         st.caption("This controller does not report the engines' KV lease counters.")
     st.caption("Cumulative counters of each prefill engine, as the controller last polled "
-               "them (`nixl` in `/api/v1/instances`)")
+               "them (`nixl` in `/api/v1/instances`); KV handles: of the "
+               f"{len(recent)} newest requests in the range")
     st.dataframe(df, column_config=LEASE_COLUMNS, hide_index=True, width="stretch",
                  height=tables.rows_height(len(df), 420))
 

@@ -35,3 +35,17 @@ def test_transfer_page_shows_lease_counters_per_prefill(console: Console,
     assert list(table["notifications_after_expiry"]) == [0.0, 2.0]
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Suspect requests"] == "0"
+
+
+def test_kv_handles_per_prefill_instance_come_from_the_records(console: Console,
+                                                                fake: FakeController) -> None:
+    """The engines count NIXL transfers on the decode side, so a prefill instance's own
+    counter is always 0; the table counts the KV handles each prefill produced instead."""
+    fake.instances = make_instances(2, 1)
+    at = console(fake, "transfer")
+    no_exceptions(at)
+    table = frame_with(at, "notifications_after_expiry")
+    assert list(table["id"]) == ["prefill-1", "prefill-2"]
+    # The 200 newest of the 300 records in the window (2 in 3 disaggregated, on prefill-1).
+    assert list(table["kv_handles"]) == [134.0, 0.0]
+    assert "KV handles: of the 200 newest requests in the range" in texts(at.caption)
