@@ -28,9 +28,13 @@ def _suspect(flagged: object, other: object) -> object:
     return alt.condition("datum.suspect", alt.value(flagged), alt.value(other))
 
 
-def _part_color() -> alt.Color:
+def _part_color(swatch_outline: bool = True) -> alt.Color:
+    """The TTFT parts' colours; ``swatch_outline=False`` draws the legend's swatches without
+    the mark's stroke."""
+    legend = (alt.Legend(orient="bottom") if swatch_outline
+              else alt.Legend(orient="bottom", symbolStrokeWidth=0))
     return alt.Color("part:N", scale=PART_SCALE, sort=PART_ORDER, title="TTFT part",
-                     legend=alt.Legend(orient="bottom"))
+                     legend=legend)
 
 
 def _part_order() -> alt.Order:
@@ -48,9 +52,10 @@ def ttft_recent(parts: pd.DataFrame) -> alt.Chart:
         x=alt.X("seq:O", title="recent requests (oldest left)",
                 axis=alt.Axis(labels=False, ticks=False)),
         y=alt.Y("sum(ms):Q", title="TTFT (ms)", stack="zero"),
-        color=_part_color(), order=_part_order(),
-        # A suspect request (it read freed KV blocks) is outlined in red.
-        stroke=alt.value(SUSPECT_COLOR), strokeWidth=_suspect(2.0, 0.0),
+        color=_part_color(swatch_outline=False), order=_part_order(),
+        # A suspect request (it read freed KV blocks) is outlined in red; nothing else is, the
+        # legend's swatches included (they take the mark's constant stroke).
+        stroke=_suspect(SUSPECT_COLOR, "transparent"), strokeWidth=_suspect(2.0, 0.0),
         tooltip=["id:N", "path:N", "prompt_tokens:Q", "part:N",
                  alt.Tooltip("ms:Q", format=".2f"), alt.Tooltip("ttft_ms:Q", format=".2f"),
                  alt.Tooltip("suspect:N", title="suspect (read freed KV)")],

@@ -205,6 +205,16 @@ def test_suspect_requests_are_flagged_in_the_charts() -> None:
                                                         "value": "cross"}
 
 
+def test_the_parts_legend_wears_no_suspect_outline() -> None:
+    """Only a suspect request's bar is outlined in red: a constant red stroke would outline
+    every legend swatch too (the legend draws the mark's constant encodings)."""
+    req = frames.requests_frame(requests_json())
+    bars = charts.ttft_recent(frames.parts_long(req)).to_dict()["encoding"]
+    assert bars["stroke"]["condition"]["test"] == "datum.suspect"
+    assert bars["stroke"]["value"] == "transparent"
+    assert bars["color"]["legend"]["symbolStrokeWidth"] == 0
+
+
 def test_achieved_bandwidth_draws_the_ceiling() -> None:
     ts = frames.timeseries_frame(ts_json())
     spec = charts.achieved_bandwidth(ts, 50.0, "ib-ndr").to_dict()
