@@ -21,9 +21,12 @@ from dashboard.ui import alerts  # noqa: E402
 from dashboard.ui.session import DOWN_KEY  # noqa: E402
 from dashboard.ui.sidebar import run_every, sidebar  # noqa: E402
 
+OVERVIEW = HERE / "views" / "overview.py"
 NAV_PAGES = [
-    st.Page(HERE / "views" / "overview.py", title="Overview", icon=":material/speed:",
-            url_path="overview", default=True),
+    # The default page is served at /; its own pathname is reserved but not served, so
+    # /overview (a bookmark, a runbook's link) is a hidden page of the same script below.
+    st.Page(OVERVIEW, title="Overview", icon=":material/speed:", url_path="home",
+            default=True),
     st.Page(HERE / "views" / "transfer.py", title="Transfer", icon=":material/swap_horiz:",
             url_path="transfer"),
     st.Page(HERE / "views" / "pools.py", title="Pools", icon=":material/dns:", url_path="pools"),
@@ -35,6 +38,8 @@ NAV_PAGES = [
             url_path="planner"),
     st.Page(HERE / "views" / "events.py", title="Events", icon=":material/history:",
             url_path="events"),
+    st.Page(OVERVIEW, title="Overview", icon=":material/speed:", url_path="overview",
+            visibility="hidden"),
 ]
 
 st.set_page_config(page_title="pdctl console", page_icon=":material/speed:", layout="wide")

@@ -62,7 +62,7 @@ def browser(tmp_path: Path, color_scheme: str = "light"
 def open_page(page: Any, console_url: str, name: str) -> None:
     from playwright.sync_api import expect
 
-    page.goto(f"{console_url}/{'' if name == 'overview' else name}")  # default page is /
+    page.goto(f"{console_url}/{name}")  # /overview too: the default page is also at /
     expect(page.locator("h1").first).to_have_text(name.capitalize(), timeout=30_000)
     expect(page.get_by_text("Page not found")).to_have_count(0)
 
