@@ -165,7 +165,7 @@ def change_marks(events: list[EventPublic], since: float, until: float = math.in
     """The cluster's changes in ``[since, until]`` (unix s) for chart annotations: ``time,
     kind, label`` (who changed what), oldest first (the audit log reads newest first)."""
     rows = [(e.ts, e.kind.split(".")[0], f"{e.kind} {e.target} by {e.actor}: "
-             f"{_compact(e.after)}") for e in events
+             f"{change_in_words(e.before, e.after)}") for e in events
             if e.kind in CHANGE_KINDS and since <= e.ts <= until]
     df = pd.DataFrame(rows, columns=["ts", "kind", "label"]).sort_values("ts", kind="stable")
     df["time"] = _when(df["ts"].to_numpy())
@@ -174,16 +174,17 @@ def change_marks(events: list[EventPublic], since: float, until: float = math.in
 
 def before_after(before: StatsPublic, after: StatsPublic) -> pd.DataFrame | None:
     """The window before a change against the one after it (``/stats`` with ``end``): one
-    row per figure. None when either side has no request."""
+    row per figure, named in words. None when either side has no request."""
     if before.requests == 0 or after.requests == 0:
         return None
     rows = {}
     for name, s in (("before", before), ("after", after)):
-        rows[name] = {"requests": s.requests, "rate_per_s": s.request_rate,
-                      "ttft_p50_ms": s.ttft_ms.p50, "ttft_p99_ms": s.ttft_ms.p99,
-                      **{f"{p}_ms": s.components_ms.part(p).mean for p in PARTS},
-                      "gap_p99_ms": s.gap_p99_ms.p99 if s.gap_p99_ms else None,
-                      "error_rate": s.error_rate}
+        rows[name] = {"requests": s.requests, "requests per s": s.request_rate,
+                      "TTFT p50 (ms)": s.ttft_ms.p50, "TTFT p99 (ms)": s.ttft_ms.p99,
+                      **{f"{PART_LABELS[p]} mean (ms)": s.components_ms.part(p).mean
+                         for p in PARTS},
+                      "inter-token gap p99 (ms)": s.gap_p99_ms.p99 if s.gap_p99_ms else None,
+                      "error rate": s.error_rate}
     return pd.DataFrame(rows).astype(float).round(3)
 
 
@@ -319,6 +320,26 @@ def pool_summary(cluster: ClusterPublic) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def change_in_words(before: Any, after: Any) -> str:
+    """A change as an operator reads it: ``disagg_min_prompt_tokens 512 → 5000, size 1 → 2``
+    (the settings that changed), ``backend sim`` (what was set where nothing was before), or
+    ``ready → draining``."""
+    if isinstance(after, dict):
+        was = before if isinstance(before, dict) else {}
+        changed = [k for k in after if k not in was or was[k] != after[k]]
+        return ", ".join(f"{k} {_word(was[k])} → {_word(after[k])}" if k in was
+                         else f"{k} {_word(after[k])}" for k in changed) or "no change"
+    if before is None or before == {}:
+        return _word(after)
+    return f"{_word(before)} → {_word(after)}"
+
+
+def _word(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return _compact(value) if isinstance(value, dict | list) else str(value)
+
+
 def _compact(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
@@ -329,8 +350,9 @@ def events_frame(events: list[EventPublic]) -> pd.DataFrame:
     cols = ["id", "ts", "actor", "kind", "target", "before", "after", "detail"]
     df = pd.DataFrame([(e.id, e.ts, e.actor, e.kind, e.target, e.before, e.after, e.detail)
                        for e in events], columns=cols)
+    df["change"] = [change_in_words(e.before, e.after) for e in events]
     # Local wall-clock time for the table (charts keep UTC and let the browser localise).
     df["when"] = _when(df["ts"].to_numpy()).dt.tz_convert(_LOCAL).dt.tz_localize(None)
     for c in ("before", "after", "detail"):
         df[c] = df[c].map(_compact)
-    return df[["when", "actor", "kind", "target", "before", "after", "detail", "id"]]
+    return df[["when", "actor", "kind", "target", "change", "detail", "before", "after", "id"]]

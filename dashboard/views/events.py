@@ -15,7 +15,8 @@ EVENT_KINDS = ["pool.update", "routing.update", "instance.starting", "instance.r
 LIMITS = [100, 500, 2000]
 
 st.title("Events")
-st.caption("From `/api/v1/events`, newest first: when, who, what, before, after")
+st.caption("From `/api/v1/events`, newest first: when, who, what, the change in words, and "
+           "the values before and after as recorded")
 kind_column, limit_column = st.columns([3, 1])
 chosen_kind = kind_column.selectbox("kind", EVENT_KINDS, index=None, placeholder="all kinds",
                                     key="events_kind")
@@ -30,9 +31,10 @@ def audit_log() -> None:
                  height=tables.rows_height(len(df), 700), column_config={
                      "when": st.column_config.DatetimeColumn("when",
                                                              format="YYYY-MM-DD HH:mm:ss"),
+                     "change": st.column_config.TextColumn("change", width="large"),
+                     "detail": st.column_config.TextColumn("detail", width="medium"),
                      "before": st.column_config.TextColumn("before", width="small"),
-                     "after": st.column_config.TextColumn("after", width="medium"),
-                     "detail": st.column_config.TextColumn("detail", width="large"),
+                     "after": st.column_config.TextColumn("after", width="small"),
                      "id": st.column_config.NumberColumn("#", format="%d")})
     st.caption(f"{len(df)} events")
 

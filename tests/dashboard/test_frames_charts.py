@@ -148,6 +148,20 @@ def test_events_frame_compacts_json() -> None:
     assert df["before"].iloc[1] == "" and df["detail"].iloc[0] == ""
 
 
+def test_changes_read_in_words() -> None:
+    words = frames.change_in_words
+    assert words({"disagg_min_prompt_tokens": 512, "decode_policy": "least_loaded"},
+                 {"disagg_min_prompt_tokens": 5000, "decode_policy": "least_loaded"}
+                 ) == "disagg_min_prompt_tokens 512 → 5000"
+    assert words({"size": 1, "tp": 2}, {"size": 2, "tp": 4}) == "size 1 → 2, tp 2 → 4"
+    assert words(None, {"backend": "sim"}) == "backend sim"
+    assert words("ready", "draining") == "ready → draining"
+    assert words({"ttft_p95_ms": 800.0}, {"ttft_p95_ms": 1000.0}) == "ttft_p95_ms 800 → 1000"
+    assert words({"size": 2}, {"size": 2}) == "no change"
+    events = [EventPublic.model_validate(e) for e in FakeController().events()]
+    assert list(frames.events_frame(events)["change"]) == ["size 1 → 2", "backend sim"]
+
+
 def test_empty_inputs_make_empty_frames() -> None:
     assert frames.requests_frame([]).empty
     assert frames.parts_long(frames.requests_frame([])).empty
@@ -295,7 +309,7 @@ def test_change_marks_and_before_after_a_change() -> None:
                   ("routing.update", "routing", {"decode_policy": "round_robin"})])]
     marks = frames.change_marks(events, since=now - 95)
     assert list(marks["kind"]) == ["pool", "routing"]  # changes only, within the window
-    assert marks.iloc[0]["label"] == 'pool.update decode by alice: {"size":2,"tp":2}'
+    assert marks.iloc[0]["label"] == "pool.update decode by alice: size 2, tp 2"
     spec = charts.annotate(charts.request_rate(pd.DataFrame(
         {"time": marks["time"], "path": "disaggregated", "per_s": 1.0})), marks).to_dict()
     assert [layer["mark"]["type"] for layer in spec["layer"]][1:] == ["rule", "text"]
@@ -312,10 +326,11 @@ def test_change_marks_and_before_after_a_change() -> None:
     table = frames.before_after(side(10.0, at), side(10.0, at + 10))
     assert table is not None and list(table.columns) == ["before", "after"]
     assert table.loc["requests", "before"] == 100 and table.loc["requests", "after"] == 100
-    assert table.loc["rate_per_s", "before"] == pytest.approx(10.0)
+    assert table.loc["requests per s", "before"] == pytest.approx(10.0)
+    assert "KV transfer mean (ms)" in table.index and "rate_per_s" not in table.index
     # A side that starts before the log did is not diluted by the time before it.
     early = frames.before_after(side(10.0, now - 25), side(10.0, now - 15))
-    assert early is not None and early.loc["rate_per_s", "before"] == pytest.approx(10.0, 0.2)
+    assert early is not None and early.loc["requests per s", "before"] == pytest.approx(10.0, 0.2)
     assert frames.before_after(side(10.0, now - 40), side(10.0, now - 30)) is None
 
 

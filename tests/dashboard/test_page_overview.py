@@ -211,4 +211,4 @@ def test_last_change_is_the_newest_change_in_the_window(console: Console,
     at = console(fake)
     no_exceptions(at)
     caption = next(c.value for c in at.caption if "requests started within" in c.value)
-    assert caption.startswith('pool.update decode by pdctl-cli: {"size":3,'), caption
+    assert caption.startswith("pool.update decode by pdctl-cli: size 2 → 3 at "), caption
