@@ -173,7 +173,8 @@ def live() -> None:
     sizes = planner_view.sizes(hist)
     left.markdown("**Pool sizes: recommended vs current**")
     plot.chart(left, alt.Chart(sizes).mark_line(point=True, interpolate="step-after").encode(
-        x=charts.TIME, y=alt.Y("instances:Q", title="instances"),
+        x=charts.TIME, y=alt.Y("instances:Q", title="instances",
+                               axis=alt.Axis(tickMinStep=1, format="d")),  # whole ones
         color="pool:N", strokeDash="series:N", tooltip=["time:T", "pool", "series",
                                                         "instances"]),
         width="stretch")

@@ -3,6 +3,8 @@ reviewed then confirmed; a planner without a profile or a pass."""
 
 from __future__ import annotations
 
+import json
+
 from controller.models import Role
 from tests.dashboard.fake import FakeController, planner_view
 from tests.dashboard.page_helpers import Console, by_label, frame_with, no_exceptions, texts
@@ -55,3 +57,15 @@ def test_planner_page_without_a_profile_or_a_pass(console: Console,
     assert "The planner cannot run: no performance profile" in texts(at.warning)
     assert "No decision yet" in texts(at.caption)
     assert not [b for b in at.button if b.label == "Review the recommendation"]
+
+
+def test_pool_sizes_are_drawn_on_whole_instance_ticks(console: Console,
+                                                      fake: FakeController) -> None:
+    """Instances come whole: the pool-size chart's axis has no fractional ticks."""
+    at = console(fake, "planner")
+    no_exceptions(at)
+    specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
+    sizes = [s for s in specs if s.get("encoding", {}).get("y", {}).get("field") == "instances"]
+    assert sizes, "no pool-size chart"
+    axis = sizes[0]["encoding"]["y"]["axis"]
+    assert axis["tickMinStep"] == 1 and axis["format"] == "d"
