@@ -209,7 +209,7 @@ def leases() -> None:
     st.subheader("KV leases per prefill instance")
     rng = time_range()
     s, cl = reads.range_stats(rng), reads.cluster()
-    recent = reads.requests_in(rng)
+    recent = reads.requests_in(rng, SCATTER_LIMIT)  # the page's one read of the records
     df = frames.lease_frame(cl.instances, recent)
     k = s.kv_integrity
     if k is not None:
