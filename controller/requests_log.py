@@ -269,9 +269,17 @@ def timeseries(records: Columns | list[RequestRecord], window_s: float, step_s: 
             for b in range(n)]
 
 
+def _p50_p99(c: Columns, field: str) -> dict[str, float] | None:
+    """p50 and p99 of ``field`` over ``c``; None without a record."""
+    if not len(c):
+        return None
+    q = percentiles(c.col(field))
+    return {"p50": q["p50"], "p99": q["p99"]}
+
+
 def _bucket(t: float, step_s: float, c: Columns) -> dict[str, Any]:
     ok = c.select(c.ok)
-    ttft = percentiles(ok.col("ttft_ms"))
+    ttft, e2e = _summaries(np.stack([ok.col("ttft_ms"), ok.col("e2e_ms")], axis=1))
     streamed = ok.col("gaps") > 0
     gap_p99 = ok.col("gap_p99_ms")[streamed]
     n_disagg = int(ok.disagg.sum())
@@ -296,4 +304,10 @@ def _bucket(t: float, step_s: float, c: Columns) -> dict[str, Any]:
         "transfer_gbps": kv["transfer_gbps"],
         "transfer_p50_ms": xq["p50"] if xq else None,
         "transfer_p99_ms": xq["p99"] if xq else None,
+        "e2e_p50_ms": e2e["p50"] if len(ok) else None,
+        "e2e_p99_ms": e2e["p99"] if len(ok) else None,
+        "prompt_tokens_per_s": float(ok.col("prompt_tokens").sum()) / step_s,
+        "output_tokens_per_s": float(ok.col("output_tokens").sum()) / step_s,
+        "ttft_by_path": {"disaggregated": _p50_p99(ok.select(ok.disagg), "ttft_ms"),
+                         "colocated": _p50_p99(ok.select(~ok.disagg), "ttft_ms")},
     }

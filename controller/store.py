@@ -66,14 +66,21 @@ class Store:
         return {"id": cur.lastrowid, "ts": ts, "actor": actor, "kind": kind, "target": target,
                 "before": before, "after": after, "detail": detail}
 
-    def events(self, limit: int = 100, since_id: int = 0, kind: str | None = None
+    def events(self, limit: int = 100, since_id: int = 0, kind: str | None = None,
+               since: float | None = None, until: float | None = None
                ) -> list[dict[str, Any]]:
-        """Newest first."""
+        """Newest first; ``since``/``until`` (unix s) bound their times, ``[since, until)``."""
         sql = "SELECT id, ts, actor, kind, target, before, after, detail FROM events WHERE id > ?"
         args: list[Any] = [since_id]
         if kind:
             sql += " AND kind = ?"
             args.append(kind)
+        if since is not None:
+            sql += " AND ts >= ?"
+            args.append(since)
+        if until is not None:
+            sql += " AND ts < ?"
+            args.append(until)
         sql += " ORDER BY id DESC LIMIT ?"
         args.append(limit)
         rows = self._db.execute(sql, args).fetchall()

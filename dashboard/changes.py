@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from dashboard.frames import change_in_words
 from pdctl_api.schema import (
     ROUTING_FIELDS,
     InstancePublic,
@@ -144,7 +145,8 @@ def routing_change(current: RoutingPublic, patch: dict[str, Any],
     if disruptive:
         effects.append("a tighter limit: requests beyond it are refused (429), cut or served "
                        "colocated")
-    return PendingChange(kind="routing", title="routing: " + ", ".join(patch),
+    was = {k: getattr(current, k) for k in patch}
+    return PendingChange(kind="routing", title="routing: " + change_in_words(was, patch),
                          effects=tuple(effects), disruptive=disruptive,
                          patch=tuple(patch.items()))
 
@@ -156,7 +158,8 @@ def targets_change(current: TargetsPublic, wanted: dict[str, float]) -> PendingC
     patch = {k: v for k, v in wanted.items() if abs(float(v) - getattr(current, k)) > 1e-9}
     if not patch:
         return None
-    return PendingChange(kind="targets", title="targets: " + ", ".join(patch),
+    was = {k: getattr(current, k) for k in patch}
+    return PendingChange(kind="targets", title="targets: " + change_in_words(was, patch),
                          effects=tuple(f"`{k}`: {getattr(current, k):g} → {v:g}"
                                        for k, v in patch.items()),
                          disruptive=False, patch=tuple(patch.items()))

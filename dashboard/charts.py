@@ -8,6 +8,7 @@ import pandas as pd
 
 from dashboard import altair_speed
 from dashboard.frames import PART_LABELS, PATHS, ROLE_NAMES
+from dashboard.timeline import MARK_COLORS
 
 altair_speed.install()
 
@@ -16,6 +17,7 @@ PART_COLORS = ["#9e9e9e", "#4c78a8", "#e45756", "#54a24b", "#d4b9da"]
 PATH_COLORS = ["#4c78a8", "#72b7b2", "#e45756"]
 PART_SCALE = alt.Scale(domain=PART_ORDER, range=PART_COLORS)
 PATH_SCALE = alt.Scale(domain=list(PATHS), range=PATH_COLORS)
+MARK_SCALE = alt.Scale(domain=list(MARK_COLORS), range=list(MARK_COLORS.values()))
 TIME = alt.X("time:T", title=None, axis=alt.Axis(format="%H:%M:%S"))
 HEIGHT = 240
 
@@ -72,11 +74,11 @@ def ttft_parts_over_time(parts: pd.DataFrame) -> alt.Chart:
     )
 
 
-def ttft_percentiles(pct: pd.DataFrame, targets: dict[str, float] | None = None
-                     ) -> alt.Chart | alt.LayerChart:
+def ttft_percentiles(pct: pd.DataFrame, targets: dict[str, float] | None = None,
+                     title: str = "TTFT (ms)") -> alt.Chart | alt.LayerChart:
     """TTFT percentile lines; ``targets`` (label -> ms) are drawn as dashed rules."""
     lines = alt.Chart(pct, height=HEIGHT).mark_line(point=False).encode(
-        x=TIME, y=alt.Y("ms:Q", title="TTFT (ms)"),
+        x=TIME, y=alt.Y("ms:Q", title=title),
         color=alt.Color("percentile:N", sort=["p50", "p90", "p99"],
                         scale=alt.Scale(range=["#4c78a8", "#f58518", "#e45756"]),
                         legend=alt.Legend(orient="bottom")),
@@ -129,6 +131,15 @@ def request_rate(rate: pd.DataFrame) -> alt.Chart:
     )
 
 
+def series_lines(long: pd.DataFrame, title: str) -> alt.Chart:
+    """A line per ``series`` (``time, series, value``), its legend below."""
+    return alt.Chart(long, height=HEIGHT - 40).mark_line(point=True).encode(
+        x=TIME, y=alt.Y("value:Q", title=title, scale=alt.Scale(domainMin=0)),
+        color=alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom")),
+        tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"), "series:N",
+                 alt.Tooltip("value:Q", format=",.1f")])
+
+
 def span(chart: alt.Chart | alt.LayerChart, start: float, end: float) -> alt.LayerChart:
     """``chart`` with its time axis over the whole window ``start``..``end`` (unix s), drawn
     or not: every time chart of a page then shares one x-axis, however much data each has."""
@@ -137,19 +148,22 @@ def span(chart: alt.Chart | alt.LayerChart, start: float, end: float) -> alt.Lay
     return alt.LayerChart(layer=[chart, frame])
 
 
-def annotate(chart: alt.Chart | alt.LayerChart, changes: pd.DataFrame
+def annotate(chart: alt.Chart | alt.LayerChart, marks: pd.DataFrame
              ) -> alt.Chart | alt.LayerChart:
-    """``chart`` with each change to the cluster (``time, label``) as a vertical rule."""
-    if changes.empty:
+    """``chart`` with each mark (``time, kind, label``: ``timeline.change_marks``) as a
+    vertical rule coloured by its kind, the kind written at the plot's top."""
+    if marks.empty:
         return chart
-    rule = alt.Chart(changes).mark_rule(color="#54a24b", strokeDash=[2, 3]).encode(
-        x=TIME, tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"), "label:N"])
+    color = alt.Color("kind:N", scale=MARK_SCALE, legend=None)
+    rule = alt.Chart(marks).mark_rule(strokeDash=[2, 3], strokeWidth=1.5).encode(
+        x=TIME, color=color, tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"), "label:N"])
     # The label at the plot's top edge by value (an offset from the middle, dy, pushed it out
     # of the plot whenever the chart's height differed, and the plot shrank to make room).
-    text = alt.Chart(changes).mark_text(align="left", baseline="top", dx=3, angle=0,
-                                        color="#54a24b", fontSize=10).encode(
-        x=TIME, y=alt.YValue(2), text="kind:N")
-    return alt.LayerChart(layer=[chart, rule, text])
+    text = alt.Chart(marks).mark_text(align="left", baseline="top", dx=3, angle=0,
+                                      fontSize=10).encode(
+        x=TIME, y=alt.YValue(2), text="kind:N", color=color)
+    # The marks' colours are their own: the chart's colour scale stays the chart's.
+    return alt.LayerChart(layer=[chart, rule, text]).resolve_scale(color="independent")
 
 
 def path_share_ring(share: pd.DataFrame) -> alt.Chart:
@@ -233,8 +247,8 @@ def instance_grid(instances: pd.DataFrame, metric: str = "kv_cache_usage") -> al
         color = alt.Color("state:N", scale=STATE_SCALE, legend=alt.Legend(orient="bottom"))
     else:
         title, scale = GRID_METRICS[metric]
-        color = alt.Color(f"{metric}:Q", title=title, scale=scale,
-                          legend=alt.Legend(orient="bottom"))
+        color = alt.Color(f"{metric}:Q", title=title, scale=scale, legend=alt.Legend(
+            orient="bottom", format=".0%" if metric == "kv_cache_usage" else alt.Undefined))
     # Gaps between the cells, not a white stroke: the page's own background shows through,
     # light or dark theme alike.
     gap = alt.Scale(paddingInner=0.12)
@@ -286,17 +300,3 @@ def bandwidth_by_source(bw: pd.DataFrame, ceiling_gbps: float, link: str) -> alt
     ceiling = _dashed_levels(_ceiling(ceiling_gbps, link), "gbps", "#e45756", ".1f",
                              labelled=False)
     return alt.LayerChart(layer=[lines, *ceiling], height=HEIGHT)
-
-
-ROLE_SCALE = alt.Scale(domain=ROLE_NAMES, range=["#4c78a8", "#f58518"])
-
-
-def load_lines(load: pd.DataFrame, metric: str) -> alt.Chart:
-    """One engine-load metric over time, a line per role."""
-    data = load[load["metric"] == metric]
-    return alt.Chart(data, height=HEIGHT - 60).mark_line().encode(
-        x=TIME, y=alt.Y("value:Q", title=metric),
-        color=alt.Color("role:N", scale=ROLE_SCALE, legend=alt.Legend(orient="bottom")),
-        tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"), "role:N",
-                 alt.Tooltip("value:Q", format=".2f")],
-    )

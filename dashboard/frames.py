@@ -126,6 +126,33 @@ def transfer_percentiles_long(ts: TimeseriesPublic) -> pd.DataFrame:
     return df[["time", "percentile", "ms"]]
 
 
+def _bucket_lines(rows: list[tuple[float, str, float | None]]) -> pd.DataFrame:
+    """``time, series, value`` of ``(t, series, value)`` rows; None values left out."""
+    df = pd.DataFrame([r for r in rows if r[2] is not None], columns=["t", "series", "value"])
+    df["time"] = _when(df["t"].to_numpy())
+    return df[["time", "series", "value"]]
+
+
+def ts_ttft_by_path_long(ts: TimeseriesPublic) -> pd.DataFrame:
+    """TTFT p50 and p99 of each path per bucket (``time, series, value`` ms)."""
+    return _bucket_lines([(b.t, f"{path} {q}", getattr(tail, q)) for b in ts.buckets
+                    for path, tail in (b.ttft_by_path or {}).items() if tail is not None
+                    for q in ("p50", "p99")])
+
+
+def ts_latency_long(ts: TimeseriesPublic) -> pd.DataFrame:
+    """Inter-token gap p99 and end-to-end p50/p99 per bucket (``time, series, value`` ms)."""
+    return _bucket_lines([(b.t, name, v) for b in ts.buckets for name, v in (
+        ("gap p99", b.gap_p99_ms), ("end-to-end p50", b.e2e_p50_ms),
+        ("end-to-end p99", b.e2e_p99_ms))])
+
+
+def ts_tokens_long(ts: TimeseriesPublic) -> pd.DataFrame:
+    """Prompt and generated tokens per second per bucket (``time, series, value``)."""
+    return _bucket_lines([(b.t, name, v) for b in ts.buckets for name, v in (
+        ("prompt", b.prompt_tokens_per_s), ("generated", b.output_tokens_per_s))])
+
+
 def path_table(stats: StatsPublic) -> pd.DataFrame:
     """One row per path: requests, failed, retried hops, TTFT and KV transfer p50/p99."""
     rows = []
@@ -154,22 +181,6 @@ def pair_table(requests: pd.DataFrame, scale: float = 1.0) -> pd.DataFrame:
         "requests": g["requests"], "kv_gb": g["kv_bytes"] / 1e9,
         "transfer_ms": g["transfer_ms"],
         "gbps": g["kv_bytes"] / 1e9 / (g["transfer_total"] / 1e3) * scale})
-
-
-CHANGE_KINDS = ("pool.update", "routing.update", "targets.update", "planner.update",
-                "instance.draining")
-
-
-def change_marks(events: list[EventPublic], since: float, until: float = math.inf
-                 ) -> pd.DataFrame:
-    """The cluster's changes in ``[since, until]`` (unix s) for chart annotations: ``time,
-    kind, label`` (who changed what), oldest first (the audit log reads newest first)."""
-    rows = [(e.ts, e.kind.split(".")[0], f"{e.kind} {e.target} by {e.actor}: "
-             f"{change_in_words(e.before, e.after)}") for e in events
-            if e.kind in CHANGE_KINDS and since <= e.ts <= until]
-    df = pd.DataFrame(rows, columns=["ts", "kind", "label"]).sort_values("ts", kind="stable")
-    df["time"] = _when(df["ts"].to_numpy())
-    return df[["time", "kind", "label"]].reset_index(drop=True)
 
 
 def before_after(before: StatsPublic, after: StatsPublic) -> pd.DataFrame | None:

@@ -3,11 +3,17 @@ targets (``/api/v1/targets``) and the pools' state: pure, so tests assert it fro
 
 A target is *broken* when its figure is above it, *near* at 80 % of it or more. The status is
 ``breach`` when a target is broken or a pool is quarantined, ``warn`` when a figure is near its
-target or a pool has not converged, ``no data`` without requests in the window, else ``ok``.
+target, a pool has not converged or an instance failed in the window (replaced or not: an
+engine that crashes every few minutes is not healthy), ``no data`` without requests in the
+window, else ``ok``.
+
+One clock: on a scaled simulation (``time_scale`` != 1, wall latency = scale x modelled) the
+latencies are compared with the targets in modelled time, as the Planner compares them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,6 +29,7 @@ class Check:
     value: float | None  # None: nothing to measure it on (no streamed requests, say)
     target: float
     unit: str  # "ms" or "%"
+    clock: str = ""  # "modelled" on a scaled simulation: the value is wall time / scale
 
     @property
     def broken(self) -> bool:
@@ -38,7 +45,8 @@ class Check:
         if self.value is None:
             return f"{self.name}: no data (target {fmt(self.target)})"
         sign = ">" if self.broken else "≤"
-        return f"{self.name} {fmt(self.value)} {sign} {fmt(self.target)}"
+        clock = f" ({self.clock})" if self.clock else ""
+        return f"{self.name} {fmt(self.value)}{clock} {sign} {fmt(self.target)}"
 
 
 @dataclass(frozen=True)
@@ -46,17 +54,22 @@ class Health:
     status: HealthStatus
     checks: tuple[Check, ...]
     pools: tuple[str, ...]  # pool problems, in words
+    failures: tuple[str, ...] = ()  # instances failed in the window, in words
 
 
-def checks(stats: StatsPublic, targets: TargetsPublic) -> tuple[Check, ...]:
+def checks(stats: StatsPublic, targets: TargetsPublic, time_scale: float = 1.0
+           ) -> tuple[Check, ...]:
     t = stats.ttft_ms
     gap = stats.gap_p99_ms
     streamed = gap is not None and gap.max > 0  # gaps exist only for streamed answers
+    per = 1.0 / time_scale  # wall ms -> modelled ms
+    clock = "" if time_scale == 1.0 else "modelled"
+    p95 = t.p95 if t.p95 is not None else t.p90
     return (
-        Check("TTFT p95", t.p95 if t.p95 is not None else t.p90, targets.ttft_p95_ms, "ms"),
-        Check("TTFT p99", t.p99, targets.ttft_p99_ms, "ms"),
-        Check("inter-token gap p99", gap.p99 if gap is not None and streamed else None,
-              targets.gap_p99_ms, "ms"),
+        Check("TTFT p95", p95 * per, targets.ttft_p95_ms, "ms", clock),
+        Check("TTFT p99", t.p99 * per, targets.ttft_p99_ms, "ms", clock),
+        Check("inter-token gap p99", gap.p99 * per if gap is not None and streamed else None,
+              targets.gap_p99_ms, "ms", clock),
         Check("error rate", stats.error_rate, targets.error_rate, "%"),
     )
 
@@ -72,15 +85,17 @@ def pool_problems(cluster: ClusterPublic) -> tuple[str, ...]:
     return tuple(out)
 
 
-def evaluate(stats: StatsPublic, targets: TargetsPublic, cluster: ClusterPublic) -> Health:
-    found, pools = checks(stats, targets), pool_problems(cluster)
+def evaluate(stats: StatsPublic, targets: TargetsPublic, cluster: ClusterPublic,
+             failures: Sequence[str] = ()) -> Health:
+    """``failures``: the instances that failed in the window, in words."""
+    found, pools = checks(stats, targets, cluster.time_scale), pool_problems(cluster)
     quarantined = any("quarantined" in p for p in pools)
     if any(c.broken for c in found) or quarantined:
         status: HealthStatus = "breach"
+    elif failures or any(c.near for c in found) or pools:
+        status = "warn"
     elif stats.requests == 0:
         status = "no data"
-    elif any(c.near for c in found) or pools:
-        status = "warn"
     else:
         status = "ok"
-    return Health(status, found, pools)
+    return Health(status, found, pools, tuple(failures))

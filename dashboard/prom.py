@@ -45,9 +45,6 @@ QUERIES: dict[str, str] = {
                  "sum(rate(vllm:nixl_xfer_time_seconds_sum[{rate}])) / 1e9",
     "accounted_gbps": "sum(rate(pdctl_kv_transfer_bytes_total[{rate}])) / "
                       "sum(rate(pdctl_kv_transfer_seconds_sum[{rate}])) / 1e9",
-    "engine_running": "sum by (role) (vllm:num_requests_running)",
-    "engine_waiting": "sum by (role) (vllm:num_requests_waiting)",
-    "engine_kv_usage": "avg by (role) (vllm:kv_cache_usage_perc)",
 }
 
 
@@ -81,7 +78,8 @@ class PromClient:
                  adapter: requests.adapters.BaseAdapter | None = None) -> None:
         self.url = url.rstrip("/")
         self.cache_key = self.url
-        session = requests.Session()
+        session = self._session = requests.Session()
+        self._timeout_s = timeout_s
         # No retries: a live card refreshes every few seconds anyway.
         self._conn = PrometheusConnect(self.url, session=session, retry=Retry(total=0),
                                        timeout=int(math.ceil(timeout_s)))
@@ -98,6 +96,17 @@ class PromClient:
         return self._call(lambda: self._conn.custom_query_range(query, t0, t1,
                                                                 step=prom_duration(step_s)))
 
+    def alerts(self) -> list[dict[str, Any]]:
+        """The alerts firing (``/api/v1/alerts``): ``labels``, ``activeAt`` (unix s) and
+        ``value`` (the rule's expression when it last fired) of each."""
+        def call() -> list[dict[str, Any]]:
+            r = self._session.get(f"{self.url}/api/v1/alerts", timeout=self._timeout_s)
+            r.raise_for_status()
+            return list(r.json()["data"]["alerts"])
+        rows = self._call(call)
+        return [{"labels": a.get("labels", {}), "activeAt": _unix(a.get("activeAt")),
+                 "value": a.get("value")} for a in rows if a.get("state") == "firing"]
+
     def instant(self, query: str) -> PromResult:
         return self._call(lambda: self._conn.custom_query(query))
 
@@ -106,9 +115,18 @@ class PromClient:
             result = fn()
         except requests.RequestException as exc:
             raise PromError(self.url, f"{type(exc).__name__}: {exc}") from None
-        except (PrometheusApiClientException, ValueError, KeyError) as exc:
+        except (PrometheusApiClientException, ValueError, KeyError, TypeError) as exc:
             raise PromError(self.url, str(exc)[:300]) from None
         return list(result)
+
+
+def _unix(rfc3339: Any) -> float:
+    """Prometheus's ``2026-12-03T14:02:05.123456789Z`` as unix seconds (0 when absent)."""
+    if not isinstance(rfc3339, str) or not rfc3339:
+        return 0.0
+    head, _, frac = rfc3339.rstrip("Z").partition(".")
+    base = datetime.fromisoformat(head).replace(tzinfo=UTC).timestamp()
+    return base + (float(f"0.{frac.split('+')[0]}") if frac else 0.0)
 
 
 @dataclass(frozen=True)
@@ -194,25 +212,3 @@ def bandwidth_frame(nixl: PromResult, accounted: PromResult) -> pd.DataFrame:
     b = long_frame(accounted).assign(source="controller (accounted)")
     df = pd.concat([a, b], ignore_index=True)
     return df.rename(columns={"value": "gbps"})[["time", "source", "gbps"]]
-
-
-LOAD_METRICS = {"engine_running": "running requests", "engine_waiting": "waiting requests",
-                "engine_kv_usage": "KV cache usage"}
-ENGINE_SERIES = {"engine_running": "vllm:num_requests_running",
-                 "engine_waiting": "vllm:num_requests_waiting",
-                 "engine_kv_usage": "vllm:kv_cache_usage_perc"}
-
-
-def instance_query(name: str, instance_id: str) -> str:
-    """One engine's own series of load metric ``name``: the scrape labels each engine's series
-    with its instance id (``instance``) and role (``controller.obs.prometheus``)."""
-    quoted = instance_id.replace("\\", "\\\\").replace('"', '\\"')
-    return f'{ENGINE_SERIES[name]}{{instance="{quoted}"}}'
-
-
-def load_frame(results: dict[str, PromResult]) -> pd.DataFrame:
-    """Engine load by role (``time, role, metric, value``)."""
-    parts = [long_frame(results[name], "role").assign(metric=title)
-             for name, title in LOAD_METRICS.items()]
-    df = pd.concat(parts, ignore_index=True).rename(columns={"key": "role"})
-    return df[["time", "role", "metric", "value"]]

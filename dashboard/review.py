@@ -5,6 +5,8 @@ Controls page and the Pools page's instance drill-down. Streamlit glue."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +20,7 @@ from dashboard.ui.session import client
 
 PENDING_CHANGE_KEY = "pdctl_pending"  # (section, PendingChange) awaiting confirmation
 CHANGE_OUTCOME_KEY = "pdctl_outcome"  # (section, ok, message) of the last change
+SHOW_PENDING_KEY = "pdctl_show_pending"  # the section whose review was just asked for
 
 
 def _send_change(section: str, what: str, call: Callable[[], Any]) -> None:
@@ -64,6 +67,7 @@ def review(section: str, change: PendingChange | None) -> None:
         st.session_state[CHANGE_OUTCOME_KEY] = (section, True, "nothing to change")
     else:
         st.session_state[PENDING_CHANGE_KEY] = (section, change)
+        st.session_state[SHOW_PENDING_KEY] = section
 
 
 def show_outcome(section: str) -> None:
@@ -83,7 +87,8 @@ def show_pending(section: str) -> None:
     if not held or held[0] != section:
         return
     change: PendingChange = held[1]
-    with st.container(border=True):
+    key = "pdctl-pending-" + re.sub(r"[^A-Za-z0-9_-]", "-", section)
+    with st.container(border=True, key=key):
         if change.disruptive:
             st.warning(f"**Confirm a disruptive change — {change.title}**",
                        icon=":material/warning:")
@@ -99,3 +104,19 @@ def show_pending(section: str) -> None:
                     type="primary" if change.disruptive else "secondary",
                     on_click=confirm_pending)
         right.button("Cancel", key=f"cancel-{section}", on_click=cancel_pending)
+    if st.session_state.pop(SHOW_PENDING_KEY, None) == section:
+        into_view(f".st-key-{key}")
+
+
+def into_view(selector: str) -> None:
+    """Scroll the page (Streamlit's own scrolling container) just enough to show the element
+    ``selector`` finds: a confirmation asked for by a button at the bottom of the window
+    appeared below the fold. Once, on the run that drew it (the live refreshes do not move
+    the page again)."""
+    target = json.dumps(selector)
+    st.html(f"""<script>
+setTimeout(() => {{
+  const el = document.querySelector({target});
+  if (el) el.scrollIntoView({{block: "nearest", behavior: "smooth"}});
+}}, 150);
+</script>""", unsafe_allow_javascript=True)

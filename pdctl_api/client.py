@@ -35,6 +35,7 @@ from pdctl_api.schema import (
     StatsPublic,
     TargetsPublic,
     TimeseriesPublic,
+    UtilizationPublic,
 )
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -228,8 +229,21 @@ class PdctlClient:
             params["end"] = end
         return self._call(_adapter(TimeseriesPublic), "GET", "/timeseries", params)
 
-    def advisor(self, window_s: float = 600.0) -> AdvisorPublic:
-        return self._call(_adapter(AdvisorPublic), "GET", "/advisor", {"window_s": window_s})
+    def utilization(self, window_s: float = 300.0, step_s: float = 5.0,
+                    end: float | None = None) -> UtilizationPublic:
+        """Each instance's and pool's load against capacity, in ``step_s`` buckets over the
+        window (``/timeseries``'s); ``end`` (unix s): a window that ended then."""
+        params = {"window_s": window_s, "step_s": step_s}
+        if end is not None:
+            params["end"] = end
+        return self._call(_adapter(UtilizationPublic), "GET", "/utilization", params)
+
+    def advisor(self, window_s: float = 600.0, end: float | None = None) -> AdvisorPublic:
+        """Advice from the window's requests; ``end`` (unix s): a window that ended then."""
+        params = {"window_s": window_s}
+        if end is not None:
+            params["end"] = end
+        return self._call(_adapter(AdvisorPublic), "GET", "/advisor", params)
 
     def planner(self, history: int = 60) -> PlannerPublic:
         return self._call(_adapter(PlannerPublic), "GET", "/planner", {"history": history})
@@ -256,13 +270,19 @@ class PdctlClient:
                 if isinstance(change, PlannerUpdate) else dict(change))
         return self._call(_adapter(PlannerPublic), "PATCH", "/planner", body=body)
 
-    def events(self, limit: int = 100, kind: str | None = None, since_id: int = 0
-               ) -> list[EventPublic]:
+    def events(self, limit: int = 100, kind: str | None = None, since_id: int = 0,
+               since: float | None = None, until: float | None = None) -> list[EventPublic]:
+        """The newest ``limit`` audit events, newest first; ``since``/``until`` (unix s) bound
+        their times."""
         params: dict[str, Any] = {"limit": limit}
         if kind:
             params["kind"] = kind
         if since_id:
             params["since_id"] = since_id
+        if since is not None:
+            params["since"] = since
+        if until is not None:
+            params["until"] = until
         return self._call(_EVENTS, "GET", "/events", params)
 
     # ---- changes -----------------------------------------------------------------------

@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from controller.api import control, data
+from controller.api import control, data, utilization
 from controller.api.asgi import ASGIApp
 from controller.api.gate import ControlGate
 from controller.api.state import AppState
@@ -185,4 +185,5 @@ def create_app(settings: Settings, launcher: Launcher | None = None) -> FastAPI:
 
     app.include_router(data.data_routes)
     app.include_router(control.control_routes)
+    app.include_router(utilization.utilization_routes)
     return app

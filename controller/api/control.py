@@ -34,7 +34,7 @@ from controller.api.views import (
     timeseries_view,
 )
 from controller.errors import InvalidChange, NotFound
-from controller.models import InstanceState, Role
+from controller.models import InstanceState, RequestRecord, Role
 from controller.sizing import advisor
 from pdctl_api import profiles
 from pdctl_api.schema import (
@@ -231,16 +231,27 @@ async def get_timeseries(st: State,
 
 
 @control_routes.get("/advisor", response_model=AdvisorPublic)
-async def get_advisor(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 600.0
+async def get_advisor(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 600.0,
+                      end: Annotated[float | None, Query(gt=0, le=1e11, description=(
+                          "the window's end, unix seconds (default: now): the advice is from "
+                          "the requests that started in [end - window_s, end)"))] = None
                       ) -> AdvisorPublic:
     s, targets = st.settings, st.fleet.targets
     decode = st.table.ready(Role.DECODE)
     batch = sum(i.running for i in decode) / len(decode) if decode else None
     advice = advisor.advise(s.model_profile, s.hardware.profile,
                             profiles.link(s.hardware.kv_link), targets[Role.PREFILL].tp,
-                            targets[Role.DECODE].tp, st.requests.window(window_s), batch,
+                            targets[Role.DECODE].tp, window_records(st, window_s, end), batch,
                             st.table.settings.transfer_alert_share)
     return AdvisorPublic.model_validate(advice)  # the advisor's own JSON
+
+
+def window_records(st: AppState, window_s: float, end: float | None) -> list[RequestRecord]:
+    """The records that started in ``[end - window_s, end)`` (``end`` None: now), oldest
+    first."""
+    if end is None:
+        return st.requests.window(window_s)
+    return [r for r in st.requests.window(window_s, end) if r.started_at < end]
 
 
 @control_routes.get("/access", response_model=AccessPublic)
@@ -265,10 +276,18 @@ async def patch_targets(body: TargetsUpdate, st: State, request: Request) -> Tar
 @control_routes.get("/events", response_model=list[EventPublic])
 async def list_events(st: State, limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
                             since_id: Annotated[int, Query(ge=0, le=MAX_EVENT_ID)] = 0,
-                            kind: Annotated[str | None, Query(max_length=64)] = None
+                            kind: Annotated[str | None, Query(max_length=64)] = None,
+                            since: Annotated[float | None, Query(ge=0, le=1e11, description=(
+                                "only events at or after this unix time"))] = None,
+                            until: Annotated[float | None, Query(gt=0, le=1e11, description=(
+                                "only events before this unix time"))] = None
                             ) -> list[EventPublic]:
+    """The audit log, newest first; ``since``/``until`` bound the events' times."""
+    if since is not None and until is not None and since >= until:
+        raise InvalidChange("since must be before until", "since")
     # The store's rows, as the audit log keeps them.
-    return [EventPublic.model_validate(e) for e in st.store.events(limit, since_id, kind)]
+    return [EventPublic.model_validate(e)
+            for e in st.store.events(limit, since_id, kind, since, until)]
 
 
 @control_routes.get("/planner", response_model=PlannerPublic)

@@ -18,6 +18,7 @@ from controller.config import Settings
 from controller.errors import InvalidChange, LaunchError, NotFound
 from controller.fleet.desired import Desired, FleetCapacity, capacity_of, target_json
 from controller.fleet.guard import StartGuard
+from controller.fleet.history import LoadHistory, history_rows
 from controller.fleet.observer import Observer, Probe, count_failures, launched
 from controller.fleet.reconcile import (
     Action,
@@ -50,6 +51,8 @@ class Fleet:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._launching: dict[str, asyncio.Task[None]] = {}  # instance id -> its start
         self._wake = asyncio.Event()
+        # Every poll's load per instance, for the load over time (``/api/v1/utilization``).
+        self.load_history = LoadHistory(history_rows(cs.metrics_poll_s))
 
     # ---- the operator's changes ------------------------------------------------------------
 
@@ -301,10 +304,13 @@ class Fleet:
     async def poll_load(self) -> None:
         """Refresh running/waiting/KV usage and NIXL counters of serving instances."""
         serving = self.registry.serving()
+        polled = []
         for iid, load in (await self.observer.poll(serving)).items():
             inst = self.registry.get(iid)
             if inst is not None:
                 self.registry.apply_load(inst, load)
+                polled.append(inst)
+        self.load_history.record(polled)
 
     async def run_load_poller(self, after: Callable[[list[Instance]], None] | None = None
                               ) -> None:

@@ -1,12 +1,13 @@
 """What the pages say at their top: the connection banner (with the token form that mends a
 refused token), scaled simulated time, the fleet's health, and the alerts (KV transfer share,
-reads of freed KV blocks, expired leases, quarantined pools, Prometheus's firing rules)."""
+reads of freed KV blocks, expired leases, quarantined pools) and the incidents strip (instances
+failed, pools quarantined, Prometheus's firing rules, the TTFT part that grew most)."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import integrity
+from dashboard import integrity, timeline
 from dashboard.client import ApiError
 from dashboard.health import Health
 from dashboard.prom import PromError
@@ -66,16 +67,18 @@ def scaled_time_banner() -> None:
         return
     speed = f"{1 / scale:g}x faster" if scale < 1 else f"{scale:g}x slower"
     st.info(f"**Simulated time runs {speed} than the modelled hardware** (`sim.time_scale` "
-            f"{scale:g}): latencies here are wall time, {scale:g}x the modelled ones, and "
-            f"rates and bandwidths {1 / scale:g}x the modelled ones. The Transfer page "
-            "compares bandwidth with the link in modelled time; the Planner page works in "
-            "modelled time throughout.", icon=":material/speed:")
+            f"{scale:g}). One clock against the targets: every latency compared with a "
+            "target (the health status, the TTFT percentile chart, pool utilization, the "
+            "Planner) is in **modelled time**, wall time / "
+            f"{scale:g}. The other latencies are wall time, {scale:g}x the modelled ones, and "
+            f"rates and bandwidths {1 / scale:g}x the modelled ones; the Transfer page "
+            "compares bandwidth with the link in modelled time.", icon=":material/speed:")
 
 
 def health_banner(h: Health) -> None:
     """The status at a glance: green, amber or red, each check and pool problem listed."""
     lines = [f"- {'✗' if c.broken else '⚠' if c.near else '✓'} {c.text()}" for c in h.checks]
-    lines += [f"- ⚠ {p}" for p in h.pools]
+    lines += [f"- ⚠ {p}" for p in (*h.pools, *h.failures)]
     body = f"**{HEALTH_TITLES[h.status]}**\n\n" + "\n".join(lines)
     show = {"ok": st.success, "warn": st.warning, "breach": st.error, "no data": st.info}
     icon = {"ok": ":material/check_circle:", "warn": ":material/warning:",
@@ -83,20 +86,31 @@ def health_banner(h: Health) -> None:
     show[h.status](body, icon=icon[h.status])
 
 
-def prometheus_alerts() -> None:
-    """The alerts Prometheus has firing (its rules outlive this page: controller/obs/alerts.py);
-    nothing without a Prometheus. A Prometheus that cannot answer is said once, quietly."""
+def prometheus_incidents() -> list[timeline.Incident]:
+    """The alerts Prometheus has firing (its rules outlive this page: controller/obs/alerts.py),
+    with their value and since when; none without a Prometheus. A Prometheus that cannot
+    answer is said once, quietly."""
     p = prom_reads.prom()
     if p is None:
-        return
+        return []
     try:
-        firing = prom_reads.firing(p)
+        return timeline.alert_incidents(prom_reads.firing(p))
     except PromError as exc:
         st.caption(f"Prometheus alerts unavailable: {exc}")
+        return []
+
+
+def incidents_strip(incidents: list[timeline.Incident], within: str) -> None:
+    """Why the fleet is not healthy: every incident of the window, newest first, in one
+    bordered strip (``st-key-incidents``); a quiet line when there is none."""
+    if not incidents:
+        st.caption(f"No incidents {within}: no instance failed, no pool quarantined, no "
+                   "alert firing.")
         return
-    for a in sorted(firing, key=lambda m: m.get("alertname", "")):
-        st.error(f"**Prometheus alert firing: {a.get('alertname', '?')}** "
-                 f"(severity {a.get('severity', '?')})", icon=":material/notifications:")
+    icons = {"error": ":red[:material/error:]", "warning": ":orange[:material/warning:]"}
+    with st.container(border=True, key="incidents"):
+        st.markdown(f"**Incidents {within}** (newest first)")
+        st.markdown("\n".join(f"- {icons[i.severity]} {i.text}" for i in incidents))
 
 
 def transfer_alert(share: TransferShare) -> None:

@@ -8,18 +8,17 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import streamlit as st
 
 from dashboard.config import CACHE_TTL_S, step_for
 from dashboard.prom import (
-    LOAD_METRICS,
     PromClient,
     PromError,
     PromRange,
     PromResult,
     fetch,
-    instance_query,
 )
 from dashboard.ui.session import PROM_KEY, config
 from dashboard.ui.timerange import TimeRange
@@ -46,12 +45,13 @@ def _prom_range(key: str, name: str, end: float, window_s: float, step_s: float,
 
 
 @st.cache_data(ttl=CACHE_TTL_S, max_entries=8, show_spinner=False)
-def _firing(key: str, _c: PromClient) -> list[dict[str, str]]:
-    return [dict(r.get("metric", {})) for r in _c.instant('ALERTS{alertstate="firing"}')]
+def _firing(key: str, _c: PromClient) -> list[dict[str, Any]]:
+    return _c.alerts()
 
 
-def firing(p: PromClient) -> list[dict[str, str]]:
-    """The labels of each alert ``p`` has firing (raises ``PromError``)."""
+def firing(p: PromClient) -> list[dict[str, Any]]:
+    """Each alert ``p`` has firing: ``labels``, ``activeAt``, ``value`` (raises
+    ``PromError``)."""
     return _firing(p.cache_key, p)
 
 
@@ -79,32 +79,10 @@ def prom_results(names: Sequence[str], rng: TimeRange) -> dict[str, PromResult] 
         return None
 
 
-@st.cache_data(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
-def _prom_instance(key: str, instance_id: str, end: float, window_s: float, step_s: float,
-                   _c: PromClient) -> dict[str, PromResult]:
-    w = PromRange(end, window_s, step_s)
-    return {name: _c.range(instance_query(name, instance_id), w.start, w.end, w.step_s)
-            for name in LOAD_METRICS}
-
-
-def prom_instance(instance_id: str, rng: TimeRange) -> dict[str, PromResult] | None:
-    """One engine's load series over the range, or None without a Prometheus (or when it
-    failed: a caption says so)."""
-    c = prom()
-    if c is None:
-        return None
-    w = prom_window(rng)
-    try:
-        return _prom_instance(c.cache_key, instance_id, w.end, w.window_s, w.step_s, c)
-    except PromError as exc:
-        st.caption(f"Its load over time is unavailable: Prometheus {exc}")
-        return None
-
-
 def prom_caption(what: str, rng: TimeRange) -> str:
     c, w = prom(), prom_window(rng)
     return (f"{what} · Prometheus `{c.url if c else ''}`, rate window {w.rate}, "
             f"step {w.step_s:g} s")
 
 
-CACHED = (_prom_range, _prom_instance)  # what a change makes stale (``reads.forget_reads``)
+CACHED = (_prom_range,)  # what a change makes stale (``reads.forget_reads``)

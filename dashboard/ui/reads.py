@@ -4,6 +4,8 @@ cards of one refresh make one API call each; and ``forget_reads`` after a change
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -25,6 +27,7 @@ from pdctl_api.schema import (
     StatsPublic,
     TargetsPublic,
     TimeseriesPublic,
+    UtilizationPublic,
 )
 
 Found = TypeVar("Found")
@@ -75,14 +78,21 @@ def _targets(key: str, _c: ControllerClient) -> TargetsPublic | None:
 
 
 @st.cache_data(ttl=5.0, max_entries=16, show_spinner=False)
-def _advisor(key: str, _c: ControllerClient) -> AdvisorPublic:
-    return _c.advisor()
+def _advisor(key: str, window_s: float, end: float | None, _c: ControllerClient
+             ) -> AdvisorPublic:
+    return _c.advisor(window_s, end)
 
 
 @st.cache_data(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
 def _audit_events(key: str, limit: int, kind: str | None, _c: ControllerClient
                   ) -> list[EventPublic]:
     return _c.events(limit, kind)
+
+
+@st.cache_data(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
+def _range_events(key: str, limit: int, kind: str | None, since: float, until: float | None,
+                  _c: ControllerClient) -> list[EventPublic]:
+    return _c.events(limit, kind, since=since, until=until)
 
 
 @st.cache_data(ttl=30.0, max_entries=16, show_spinner=False)
@@ -100,6 +110,14 @@ def range_stats(rng: TimeRange) -> StatsPublic:
     c = client()
     window, end = rng.asked()
     return _stats(c.cache_key, window, end, c)
+
+
+def previous_stats(rng: TimeRange) -> StatsPublic:
+    """``/api/v1/stats`` of the window of the same length just before the range (its end on
+    a whole second, so that the refreshes of that second share it)."""
+    c = client()
+    window, _ = rng.asked()
+    return _stats(c.cache_key, window, float(math.floor(rng.start())), c)
 
 
 def range_timeseries(rng: TimeRange) -> TimeseriesPublic:
@@ -145,9 +163,11 @@ def targets() -> TargetsPublic | None:
     return _targets(c.cache_key, c)
 
 
-def advisor() -> AdvisorPublic:
+def advisor(rng: TimeRange) -> AdvisorPublic:
+    """``/api/v1/advisor``: the advice from the range's requests."""
     c = client()
-    return _advisor(c.cache_key, c)
+    window, end = rng.asked()
+    return _advisor(c.cache_key, window, end, c)
 
 
 def audit_events(limit: int, kind: str | None) -> list[EventPublic]:
@@ -156,8 +176,40 @@ def audit_events(limit: int, kind: str | None) -> list[EventPublic]:
     return _audit_events(c.cache_key, limit, kind, c)
 
 
+EVENTS_STEP_S = 10.0  # a live window's events are asked from a 10 s boundary (cached)
+
+
+def range_events(rng: TimeRange, limit: int = 500, kind: str | None = None
+                 ) -> list[EventPublic]:
+    """The newest ``limit`` audit events (of ``kind`` only, when given) within the range,
+    newest first."""
+    c = client()
+    window, end = rng.asked()
+    since = (end if end is not None else time.time()) - window
+    if end is None:  # a live window: ask from a step boundary, so refreshes share the answer
+        asked = math.floor(since / EVENTS_STEP_S) * EVENTS_STEP_S
+        return [e for e in _range_events(c.cache_key, limit, kind, asked, None, c)
+                if e.ts >= since]
+    return _range_events(c.cache_key, limit, kind, since, end, c)
+
+
 def forget_reads() -> None:
     """After a change: the next read must show it."""
-    for fn in (_cluster, _stats, _timeseries, _requests, _advisor, _audit_events, _targets,
+    for fn in (_cluster, _stats, _timeseries, _requests, _advisor, _audit_events,
+               _range_events, _targets, _utilization,
                *prom_reads.CACHED):
         fn.clear()
+
+
+@st.cache_data(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
+def _utilization(key: str, window_s: float, step_s: float, end: float | None,
+                 _c: ControllerClient) -> UtilizationPublic | None:
+    return _or_absent(lambda: _c.utilization(window_s, step_s, end), _none)
+
+
+def range_utilization(rng: TimeRange) -> UtilizationPublic | None:
+    """``/api/v1/utilization`` of the range in ``/timeseries``'s buckets (about 60): every
+    pool and instance of a page from one read; None from a controller older than it."""
+    c = client()
+    window, end = rng.asked()
+    return _utilization(c.cache_key, window, step_for(window), end, c)

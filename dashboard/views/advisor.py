@@ -9,15 +9,17 @@ from dashboard import charts, whatif
 from dashboard.ui import errors, plot, reads
 from dashboard.ui.figures import fmt_bytes, fmt_ms
 from dashboard.ui.sidebar import run_every
+from dashboard.ui.timerange import time_range
 from pdctl_api import profiles
 from pdctl_api.schema import AdvisorPublic, ClusterPublic, Role
 
-ADVICE_EVERY_S = 10.0  # advice moves slowly; its window is 10 minutes of traffic
+ADVICE_EVERY_S = 10.0  # advice moves slowly: refreshed less often than the other cards
 VERDICT_BOX = {"colocate": st.info, "depends": st.warning, "barely-pays": st.info,
                "disaggregate": st.success, "strongly-disaggregate": st.success}
 
 st.title("Advisor")
-st.caption("From `/api/v1/advisor` (last 10 minutes of traffic) and `pdctl_api.profiles`")
+st.caption(f"{time_range().label()} · the advice from `/api/v1/advisor` over the requests "
+           "of the window; the what-if from `pdctl_api.profiles`")
 
 
 def fleet(advice: AdvisorPublic, cluster: ClusterPublic) -> None:
@@ -39,8 +41,10 @@ def fleet(advice: AdvisorPublic, cluster: ClusterPublic) -> None:
 @st.fragment(run_every=ADVICE_EVERY_S if run_every() else None)
 @errors.card
 def advice_card() -> None:
-    advice, cluster = reads.advisor(), reads.cluster()
+    rng = time_range()
+    advice, cluster = reads.advisor(rng), reads.cluster()
     verdict, traffic, kv = advice.verdict, advice.traffic, advice.kv_transfer
+    st.caption(f"From the {traffic.requests:,} requests that started {rng.within()}")
     box = VERDICT_BOX.get(verdict.decision, st.info)
     box(f"**Verdict: {verdict.decision}**\n\n" +
         "\n".join(f"- {r}" for r in verdict.reasons))

@@ -1,4 +1,5 @@
-"""Events: the controller's audit log — every accepted change and instance transition."""
+"""Events: the controller's audit log — every accepted change and instance transition — of
+the sidebar's window or range."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import streamlit as st
 from dashboard import frames
 from dashboard.ui import errors, reads, tables
 from dashboard.ui.sidebar import run_every
+from dashboard.ui.timerange import time_range
 
 EVENT_KINDS = ["pool.update", "routing.update", "instance.starting", "instance.ready",
                "instance.draining", "instance.stopped", "instance.failed", "desired.reset",
@@ -15,8 +17,8 @@ EVENT_KINDS = ["pool.update", "routing.update", "instance.starting", "instance.r
 LIMITS = [100, 500, 2000]
 
 st.title("Events")
-st.caption("From `/api/v1/events`, newest first: when, who, what, the change in words, and "
-           "the values before and after as recorded")
+st.caption(f"{time_range().label()} · from `/api/v1/events`, newest first: when, who, what, "
+           "the change in words, and the values before and after as recorded")
 kind_column, limit_column = st.columns([3, 1])
 chosen_kind = kind_column.selectbox("kind", EVENT_KINDS, index=None, placeholder="all kinds",
                                     key="events_kind")
@@ -26,7 +28,9 @@ chosen_limit = limit_column.selectbox("show", LIMITS, index=0, key="events_limit
 @st.fragment(run_every=run_every())
 @errors.card
 def audit_log() -> None:
-    df = frames.events_frame(reads.audit_events(int(chosen_limit), chosen_kind))
+    rng, limit = time_range(), int(chosen_limit)
+    events = reads.range_events(rng, limit + 1, chosen_kind)  # one more: was any left out?
+    df = frames.events_frame(events[:limit])
     st.dataframe(df, hide_index=True, width="stretch",
                  height=tables.rows_height(len(df), 700), column_config={
                      "when": st.column_config.DatetimeColumn("when",
@@ -36,7 +40,12 @@ def audit_log() -> None:
                      "before": st.column_config.TextColumn("before", width="small"),
                      "after": st.column_config.TextColumn("after", width="small"),
                      "id": st.column_config.NumberColumn("#", format="%d")})
-    st.caption(f"{len(df)} events")
+    what = f"{chosen_kind} " if chosen_kind else ""
+    if len(events) > limit:
+        st.caption(f"The newest {limit:,} of the {what}events {rng.within()}: a larger "
+                   "\"show\" or a shorter window lists the others")
+    else:
+        st.caption(f"{len(df):,} {what}event{'' if len(df) == 1 else 's'} {rng.within()}")
 
 
 audit_log()

@@ -12,12 +12,14 @@ import streamlit as st
 
 from dashboard import changes, charts, planner_view
 from dashboard.client import ApiError
-from dashboard.ui import alerts, errors, plot
+from dashboard.ui import alerts, errors, marks, plot
 from dashboard.ui.reads import forget_reads, may_change
 from dashboard.ui.session import client
 from dashboard.ui.sidebar import run_every
-from dashboard.ui.timerange import clock
+from dashboard.ui.timerange import clock, time_range
 from pdctl_api.schema import PlannerMode, PlannerPublic, PredictorName, Role
+
+PLANNER_PASSES = 720  # planner passes read: the API's most; the page shows those in its window
 
 PLANNER_PENDING_KEY = "pdctl_planner_pending"  # (kind, payload, effects)
 PLANNER_OUTCOME_KEY = "pdctl_planner_outcome"  # (ok, message or ApiError)
@@ -29,8 +31,9 @@ MODE_HELP = {"off": "the planner does nothing",
              "apply": "changes the pools itself, recorded in the audit log as `planner`"}
 
 st.title("Planner")
-st.caption("The SLA planner (`/api/v1/planner`): pool sizes from TTFT and inter-token-gap "
-           "targets, a load prediction and the pools' performance profiles")
+st.caption("The SLA planner (`/api/v1/planner`): pool sizes from its own TTFT p95 and ITL p95 "
+           "targets (not the service targets of Controls), a load prediction and the pools' "
+           "performance profiles")
 
 
 def _outcome() -> None:
@@ -91,10 +94,16 @@ def settings_form(pl: PlannerPublic) -> None:
         cols = st.columns(5)
         mode = cols[0].selectbox("Mode", MODES, index=MODES.index(pl.mode),
                                  help="; ".join(f"{k}: {v}" for k, v in MODE_HELP.items()))
-        ttft = cols[1].number_input("TTFT p95 target (ms)", min_value=1.0, value=pl.ttft_ms,
-                                    step=100.0)
-        itl = cols[2].number_input("Gap p95 target (ms)", min_value=0.1, value=pl.itl_ms,
-                                   step=5.0)
+        ttft = cols[1].number_input(
+            "Planner TTFT p95 target (ms)", min_value=1.0, value=pl.ttft_ms, step=100.0,
+            help="the planner's own target (modelled ms), which it sizes the prefill pool "
+                 "for; not the Controls page's TTFT targets of the health status")
+        itl = cols[2].number_input(
+            "Planner ITL p95 target (ms)", min_value=0.1, value=pl.itl_ms, step=5.0,
+            help=f"the planner's own target for the {planner_view.ITL_P95}: the 95th "
+                 "percentile of every inter-token gap the router relayed in an interval "
+                 "(modelled ms), which it sizes the decode pool for; not the Controls page's "
+                 "inter-token gap p99 target (each streamed request's own gap p99)")
         interval = cols[3].number_input("Interval (s)", min_value=1.0, value=pl.interval_s,
                                         step=10.0)
         predictor = cols[4].selectbox("Predictor", PREDICTORS,
@@ -143,10 +152,12 @@ def review_recommendation(want: dict[Role, int]) -> None:
 def live() -> None:
     """Refreshed on its own; the confirmation step and outcomes show here too, so that a
     button inside the fragment (which reruns only the fragment) shows its result."""
-    pl = client().planner()
+    pl = client().planner(history=PLANNER_PASSES)
     _outcome()
     _pending()
-    hist = pl.history
+    rng = time_range()
+    start, end = rng.start(), rng.stop()
+    hist = [p for p in pl.history if start <= p.at <= end]  # the page's window, as every page
     cols = st.columns(4)
     last = hist[-1] if hist else None
     cols[0].metric("Mode", pl.mode)
@@ -167,33 +178,46 @@ def live() -> None:
                   args=(want,), help="as a pool change: the controller's dry run, then your "
                                      "confirmation")
     if not hist:
-        st.caption("No decision yet: the first comes one interval after the mode leaves off.")
+        st.caption("No decision yet: the first comes one interval after the mode leaves off."
+                   if not pl.history else
+                   f"No decision {rng.within()} ({len(pl.history)} older ones kept).")
         return
+    st.caption(f"The {len(hist)} passes {rng.within()}; {marks.LEGEND}")
+    marked = marks.range_marks(rng)
+
+    def framed(chart: alt.Chart | alt.LayerChart) -> alt.LayerChart:
+        return charts.span(charts.annotate(chart, marked), start, end)
     left, right = st.columns(2)
     sizes = planner_view.sizes(hist)
     left.markdown("**Pool sizes: recommended vs current**")
-    plot.chart(left, alt.Chart(sizes).mark_line(point=True, interpolate="step-after").encode(
+    plot.chart(left, framed(alt.Chart(sizes).mark_line(point=True,
+                                                       interpolate="step-after").encode(
         x=charts.TIME, y=alt.Y("instances:Q", title="instances",
                                axis=alt.Axis(tickMinStep=1, format="d")),  # whole ones
         color="pool:N", strokeDash="series:N", tooltip=["time:T", "pool", "series",
-                                                        "instances"]),
+                                                        "instances"])),
         width="stretch")
     ld = planner_view.load_series(hist)
     right.markdown("**Load: predicted vs observed (requests/s)**")
     if ld.empty:
         right.caption("no data yet")
     else:
-        plot.chart(right, alt.Chart(ld).mark_line(point=True).encode(
+        plot.chart(right, framed(alt.Chart(ld).mark_line(point=True).encode(
             x=charts.TIME, y="requests/s:Q", color="series:N",
-            tooltip=["time:T", "series", "requests/s"]), width="stretch")
+            tooltip=["time:T", "series", "requests/s"])), width="stretch")
     lat = planner_view.latency(hist, pl)
     if not lat.empty:
-        st.markdown("**Observed p95 against the targets (ms)**")
+        st.markdown("**Observed p95 against the planner's targets (ms)**")
+        st.caption(f"{planner_view.TTFT_P95} and {planner_view.ITL_P95} (the 95th percentile "
+                   "of every inter-token gap the router relayed in the planner's interval) per "
+                   "pass; dashed: the planner's own targets, not the service targets of "
+                   "Controls")
         base = alt.Chart(lat)
-        plot.chart(st,
-            (base.mark_line(point=True).encode(x=charts.TIME, y="ms:Q", color="metric:N")
-             + base.mark_rule(strokeDash=[4, 4]).encode(y="target:Q", color="metric:N")),
+        plot.chart(st, framed(
+            base.mark_line(point=True).encode(x=charts.TIME, y="ms:Q", color="metric:N")
+            + base.mark_rule(strokeDash=[4, 4]).encode(y="target:Q", color="metric:N")),
             width="stretch")
+    marks.in_words(st, marked)
     st.markdown("**Decisions**")
     st.dataframe(planner_view.decisions(hist), hide_index=True, width="stretch")
 

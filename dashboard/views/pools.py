@@ -1,5 +1,6 @@
 """Pools: every instance with role, state, TP, running and waiting requests and KV cache usage,
-and each pool's utilization and quarantine; a grid of cells keeps 100+ instances readable at a
+each pool's utilization against its profiled capacity and its quarantine, and the load of every
+pool and instance over the window; a grid of cells keeps 100+ instances readable at a
 glance."""
 
 from __future__ import annotations
@@ -7,14 +8,15 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import changes, charts, frames, integrity, prom, review
-from dashboard.ui import errors, plot, prom_reads, reads, tables
+from dashboard import changes, charts, frames, integrity, review
+from dashboard import utilization as load
+from dashboard.ui import errors, marks, plot, reads, tables
 from dashboard.ui.figures import fmt_ms
 from dashboard.ui.session import client
 from dashboard.ui.sidebar import run_every
 from dashboard.ui.tables import number_columns, text_columns
-from dashboard.ui.timerange import time_range
-from pdctl_api.schema import InstancePublic, QuarantinePublic, Role
+from dashboard.ui.timerange import clock, time_range
+from pdctl_api.schema import InstancePublic, QuarantinePublic, Role, UtilizationPublic
 from pdctl_api.stats import quantile
 
 GRID_CHOICES = {"KV cache usage": "kv_cache_usage", "running": "running",
@@ -24,11 +26,19 @@ LIVE_STATES = ["starting", "ready", "draining", "failed"]  # the table's default
 
 st.title("Pools")
 st.caption("From `/api/v1/cluster`: desired and actual pools, every instance and the load its "
-           "engine last reported")
+           "engine last reported; from `/api/v1/utilization`: each pool's and instance's load "
+           "over the window against the capacity the planner's profiles give")
+
+
+NO_UTILIZATION = ("this controller does not answer `/api/v1/utilization` (older than it, "
+                  "or not reachable)")
 
 
 def pool_card(row: pd.Series, instances: pd.DataFrame,
-              quarantine: QuarantinePublic | None) -> None:
+              quarantine: QuarantinePublic | None, u: UtilizationPublic | None,
+              within: str) -> None:
+    """A pool: its size, and over the window its utilization (percent of the capacity the
+    planner's profiles give), running and waiting requests, tokens/s and KV cache."""
     role = str(row["role"])
     with st.container(border=True):
         state = ("quarantined" if quarantine else
@@ -36,16 +46,33 @@ def pool_card(row: pd.Series, instances: pd.DataFrame,
         st.markdown(f"**{role.capitalize()} pool** · TP {row['tp']} · {state}")
         if quarantine is not None:
             st.error(integrity.quarantine_text(role, quarantine), icon=":material/block:")
+        f = load.pool_figures(u, role) if u is not None else None
+        now = f"now: running {row['running']:.0f}, waiting {row['waiting']:.0f}"
         cols = st.columns(3)
         cols[0].metric("Ready", f"{row['ready']} / {row['desired_size']}",
                        help=f"starting {row['starting']}, draining {row['draining']}")
-        cols[1].metric("Running", f"{row['running']:.0f}")
-        cols[2].metric("Waiting", f"{row['waiting']:.0f}")
-        busy, kv = float(row["busy_share"]), float(row["kv_cache_usage_mean"])
-        st.progress(min(1.0, busy), text=f"busy {busy:.0%} · ready instances with requests "
-                                         "in flight or running")
-        st.progress(min(1.0, kv), text=f"KV cache {kv:.0%} · mean usage of the ready "
-                                       "instances")
+        cols[1].metric("Utilization", load.fmt_percent(f.utilization if f else None),
+                       help=(f"{f.tokens} tokens/s over the capacity of its instances "
+                             f"{within}: {f.basis}" if f and f.basis else None))
+        tokens = load.work_tokens(role)
+        cols[2].metric(f"{tokens.capitalize()} tokens / s",
+                       load.fmt_count(f.tokens_per_s if f else None, ",.0f"),
+                       help=f"{tokens} tokens per second {within}, the work its capacity "
+                            "counts")
+        cols = st.columns(3)
+        cols[0].metric("Running", load.fmt_count(f.running if f else None),
+                       help=f"mean {within}; {now}")
+        cols[1].metric("Waiting", load.fmt_count(f.waiting if f else None),
+                       help=f"mean {within}; {now}")
+        cols[2].metric("KV cache", load.fmt_percent(f.kv_cache_usage if f else None),
+                       help=f"mean usage of its instances {within}")
+        if f is None:
+            st.caption(f"No utilization: {NO_UTILIZATION}.")
+        elif f.utilization is not None:
+            st.progress(min(1.0, f.utilization),
+                        text=f"utilization {f.utilization:.0%} of capacity {within}")
+        else:
+            st.caption(f"No utilization: {f.why}.")
         counts = instances[instances["role"] == role]["state"].value_counts()
         st.caption(" · ".join(f"{s} {counts[s]}" for s in STATES if s in counts) or
                    "no instances")
@@ -57,10 +84,12 @@ def overview() -> None:
     cl = reads.cluster()
     inst = frames.instances_frame(cl.instances)
     summary = frames.pool_summary(cl)
+    rng = time_range()
+    u = errors.quietly(lambda: reads.range_utilization(rng), None)
     cols = st.columns(2)
     for col, (_, row) in zip(cols, summary.iterrows(), strict=True):
         with col:
-            pool_card(row, inst, cl.pools[Role(row["role"])].quarantine)
+            pool_card(row, inst, cl.pools[Role(row["role"])].quarantine, u, rng.within())
     choice = st.segmented_control("Colour instances by", list(GRID_CHOICES),
                                   default="KV cache usage", key="pools_grid_metric")
     live = frames.live_instances(inst)
@@ -164,8 +193,13 @@ REQUESTS_READ = 500  # recent requests searched for the instance's own
 def its_requests(iid: str) -> None:
     """The recent requests it served (as prefill or as decode), their TTFT over time."""
     rng = time_range()
-    df = frames.through(reads.requests_in(rng, REQUESTS_READ), iid)
-    st.markdown(f"**Its requests** (of the last {REQUESTS_READ} {rng.within()})")
+    read = reads.requests_in(rng, REQUESTS_READ)
+    df = frames.through(read, iid)
+    total = reads.range_stats(rng).requests
+    st.markdown("**Its requests** " + (
+        f"(among all {len(read)} requests {rng.within()})" if len(read) >= total else
+        f"(among the newest {len(read)} of the {total:,} requests {rng.within()}: those "
+        f"since {clock(float(read['started_at'].min()))})"))
     if df.empty:
         st.info(f"No request went through {iid} among them.")
         return
@@ -182,42 +216,62 @@ def its_requests(iid: str) -> None:
             tables.requests_table(df)
 
 
-def load_charts(res: dict[str, prom.PromResult]) -> None:
-    """Running, waiting and KV cache usage side by side, a line per role."""
-    load = prom.load_frame(res)
-    for col, metric in zip(st.columns(3), prom.LOAD_METRICS.values(), strict=True):
-        plot.chart(col, charts.load_lines(load, metric), width="stretch")
-
-
+@errors.card
 def its_load(iid: str) -> None:
-    """With Prometheus: the engine's own running, waiting and KV cache series."""
-    if prom_reads.prom() is None:
+    """Its utilization and KV cache, running and waiting, tokens/s over the window: the same
+    read as the pools' charts."""
+    rng = time_range()
+    u = reads.range_utilization(rng)
+    st.markdown(f"**Its load over time** ({rng.within()}, `/api/v1/utilization`)")
+    if u is None:
+        st.info(f"No load over time: {NO_UTILIZATION}.")
         return
-    res = prom_reads.prom_instance(iid, time_range())
-    if res is None:
+    mine = load.find(u, iid)
+    if mine is None:
+        st.info(f"No load recorded for {iid} {rng.within()}.")
         return
-    st.markdown("**Its engine's load over time** (Prometheus: `vllm:num_requests_running`, "
-                "`vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`)")
-    load_charts(res)
-
-
-LOAD_QUERIES = tuple(prom.LOAD_METRICS)
+    st.caption(f"Capacity: {mine.capacity.basis}; {load.clock_words(u)}")
+    marked = marks.range_marks(rng)
+    for col, unit in zip(st.columns(len(load.INSTANCE_CHARTS)), load.INSTANCE_CHARTS,
+                         strict=True):
+        chart = load.instance_chart(load.instance_series(mine, u.t, unit), unit)
+        plot.chart(col, charts.span(charts.annotate(chart, marked), rng.start(), rng.stop()),
+                   width="stretch")
 
 
 @st.fragment(run_every=run_every())
+@errors.card
 def load_over_time() -> None:
-    """Only with Prometheus: the engines' own load series, summed per role."""
-    if prom_reads.prom() is None:
-        return
+    """Each pool's load over the window, a line per instance (a scale-up or a replacement is
+    a line of its own) and the pool's, from the controller with or without Prometheus."""
+    st.subheader("Load over time")
+    choice = st.segmented_control("Show", list(load.CHOICES), default="Utilization %",
+                                  key="pools_load_metric")
+    metric = load.CHOICES.get(choice or "Utilization %", "utilization")
     rng = time_range()
-    st.subheader("Engine load over time")
-    res = prom_reads.prom_results(LOAD_QUERIES, rng)
-    if res is None:
+    u = reads.range_utilization(rng)
+    if u is None:
+        st.info(f"No load over time: {NO_UTILIZATION}.")
         return
-    st.caption(prom_reads.prom_caption("`vllm:num_requests_running`, "
-                                       "`vllm:num_requests_waiting` (sum per role), "
-                                       "`vllm:kv_cache_usage_perc` (mean per role)", rng))
-    load_charts(res)
+    st.caption(f"A line per instance, dashed: the pool; {rng.within()} in "
+               f"{u.step_s:g} s buckets; {load.clock_words(u)}. Marks: "
+               f"{marks.LEGEND.removeprefix('marks: ')}")
+    marked = marks.range_marks(rng)
+    for col, role in zip(st.columns(2), Role, strict=True):
+        df = load.pool_lines(u, role, metric)
+        title = (f"{load.work_tokens(role)} tokens / s" if metric == "tokens_per_s"
+                 else None)
+        col.markdown(f"**{role.value.capitalize()} pool**")
+        if df.empty:
+            col.info(f"No {role.value} instance {rng.within()}.")
+            continue
+        chart = charts.span(charts.annotate(load.load_chart(df, metric, title), marked),
+                            rng.start(), rng.stop())
+        plot.chart(col, chart, width="stretch")
+        f = load.pool_figures(u, role)
+        if metric == "utilization":
+            col.caption(f"Capacity: {f.basis}" if f.utilization is not None
+                        else f"No utilization: {f.why}.")
 
 
 overview()

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
 import streamlit as st
 
 from dashboard import charts, frames, prom, whatif
-from dashboard.ui import alerts, errors, plot, prom_reads, reads, tables
+from dashboard.ui import alerts, errors, marks, plot, prom_reads, reads, tables
 from dashboard.ui.figures import fmt_bytes, fmt_ms, rate_basis
 from dashboard.ui.sidebar import run_every
 from dashboard.ui.tables import number_columns, text_columns
-from dashboard.ui.timerange import TimeRange, time_range
+from dashboard.ui.timerange import TimeRange, clock, time_range
 from pdctl_api import profiles
-from pdctl_api.schema import ClusterPublic
+from pdctl_api.schema import ClusterPublic, Role, StatsPublic
 
 SCATTER_LIMIT = 500
 st.title("Transfer")
@@ -40,22 +41,47 @@ def kv_headline() -> None:
     link, ceiling = link_of(cl)
     kv, scale = s.kv, cl.time_scale
     modelled = " (modelled)" if scale != 1.0 else ""
-    cols = st.columns(5)
+    cols = [*st.columns(3), *st.columns(3)]  # two rows: room for the labels in full
     cols[0].metric(f"KV moved{modelled}", f"{kv.bytes_per_s * scale / 1e9:.2f} GB/s",
                    help=f"KV bytes of the window's disaggregated requests, {rate_basis(s)}"
                         + _scaled(scale))
     cols[1].metric("KV bytes in window", fmt_bytes(kv.bytes))
-    cols[2].metric(f"Bandwidth{modelled}", f"{kv.transfer_gbps * scale:.1f} GB/s",
-                   help="achieved: bytes / time spent transferring, over the window"
-                        + _scaled(scale))
-    cols[3].metric(f"Link ceiling ({link})", f"{ceiling:.0f} GB/s" if ceiling else "unknown",
+    cols[2].metric(f"Link ceiling ({link})", f"{ceiling:.0f} GB/s" if ceiling else "unknown",
                    help=profiles.LINKS[link].description if link in profiles.LINKS else None)
+    clock_note = ", modelled" if scale != 1.0 else ""
+    cols[3].metric(f"Bandwidth (controller{clock_note})",
+                   f"{kv.transfer_gbps * scale:.1f} GB/s",
+                   help="the controller's accounting over the window: the KV bytes of its "
+                        "disaggregated requests / their accounted transfer time, which spans "
+                        "the whole pull (the handshake with the prefill engine, posting the "
+                        "read, the transfer and its notification)" + BANDWIDTH_GAP
+                        + _scaled(scale))
+    engines = nixl_gbps(s)
+    cols[4].metric(f"Bandwidth (engines, NIXL{clock_note})",
+                   "no data" if engines is None else f"{engines * scale:.1f} GB/s",
+                   help="the decode engines' own NIXL counters (`vllm:nixl_bytes_transferred` "
+                        "/ `vllm:nixl_xfer_time_seconds`, `pools.decode.nixl` in "
+                        "`/api/v1/stats`): cumulative since each live decode engine started, "
+                        "not the window; they time the transfer only" + BANDWIDTH_GAP
+                        + _scaled(scale))
     use = kv.transfer_gbps * scale / ceiling if ceiling else 0.0
-    cols[4].metric("Of the ceiling", f"{use:.0%}",
-                   help="achieved bandwidth includes the link's per-transfer latency, so "
-                        "small transfers stay well below the ceiling")
+    cols[5].metric("Of the ceiling", f"{use:.0%}",
+                   help="the controller's bandwidth against the link's: it includes the "
+                        "link's per-transfer latency, so small transfers stay well below the "
+                        "ceiling")
     alerts.kv_integrity_alerts(s, rng.window_s)
     alerts.transfer_alert(s.transfer_share)
+
+
+BANDWIDTH_GAP = ("; the controller's figure usually reads below the engines' (NIXL): about "
+                 "the same bytes over a longer time")
+
+
+def nixl_gbps(s: StatsPublic) -> float | None:
+    """The decode engines' NIXL bandwidth (cumulative, wall time), or None: no live decode
+    engine has timed a transfer."""
+    pool = s.pools.get(Role.DECODE)
+    return pool.nixl.gbps if pool is not None and pool.nixl.seconds > 0 else None
 
 
 def _scaled(scale: float) -> str:
@@ -76,34 +102,44 @@ def kv_over_time() -> None:
     link, ceiling = link_of(cl)
     scale = cl.time_scale
     modelled = " (modelled time)" if scale != 1.0 else ""
+    marked = marks.range_marks(rng)
     left, right = st.columns(2)
     left.subheader(f"KV moved per second{modelled}")
     right.subheader(f"Achieved bandwidth vs link ceiling{modelled}")
     if res is not None:
-        kv_over_time_prom(left, right, res, rng, link, ceiling or 0.0, scale)
+        kv_over_time_prom(left, right, res, rng, link, ceiling or 0.0, scale, marked)
     elif ts is not None:
         ts = ts.assign(kv_gb_per_s=ts["kv_gb_per_s"] * scale,
                        transfer_gbps=ts["transfer_gbps"] * scale)
-        start, end = rng.start(), rng.stop()
-        plot.chart(left, charts.span(charts.kv_throughput(ts), start, end), width="stretch")
-        plot.chart(right, charts.span(charts.achieved_bandwidth(ts, ceiling or 0.0, link),
-                                      start, end), width="stretch")
+        left.caption(f"From the controller's records; {marks.LEGEND}")
+        right.caption("The controller's KV bytes / accounted transfer time, per bucket")
+        plot.chart(left, on_axis(charts.kv_throughput(ts), rng, marked), width="stretch")
+        plot.chart(right, on_axis(charts.achieved_bandwidth(ts, ceiling or 0.0, link), rng,
+                                  marked), width="stretch")
+    marks.in_words(st, marked)
+
+
+def on_axis(chart: Any, rng: TimeRange, marked: pd.DataFrame) -> Any:
+    """A time chart of this page: the range's marks on it, over the range's whole axis."""
+    return charts.span(charts.annotate(chart, marked), rng.start(), rng.stop())
 
 
 def kv_over_time_prom(left: Any, right: Any, res: dict[str, prom.PromResult], rng: TimeRange,
-                      link: str, ceiling: float, scale: float) -> None:
+                      link: str, ceiling: float, scale: float, marked: pd.DataFrame) -> None:
     step = prom_reads.prom_window(rng).step_s
-    left.caption(prom_reads.prom_caption("`pdctl_kv_transfer_bytes_total`", rng))
+    left.caption(prom_reads.prom_caption(f"`pdctl_kv_transfer_bytes_total`; {marks.LEGEND}",
+                                         rng))
     kv = prom.kv_frame(res["kv_bytes_rate"], step)
-    plot.chart(left, charts.kv_throughput(kv.assign(kv_gb_per_s=kv["kv_gb_per_s"] * scale)),
-               width="stretch")
+    plot.chart(left, on_axis(charts.kv_throughput(kv.assign(
+        kv_gb_per_s=kv["kv_gb_per_s"] * scale)), rng, marked), width="stretch")
     right.caption(prom_reads.prom_caption("`vllm:nixl_bytes_transferred` / "
                                           "`vllm:nixl_xfer_time_seconds` on the engines; the "
                                           "controller's KV bytes / accounted transfer time",
                                           rng))
     bw = prom.bandwidth_frame(res["nixl_gbps"], res["accounted_gbps"])
     bw = bw.assign(gbps=bw["gbps"] * scale)
-    plot.chart(right, charts.bandwidth_by_source(bw, ceiling, link), width="stretch")
+    plot.chart(right, on_axis(charts.bandwidth_by_source(bw, ceiling, link), rng, marked),
+               width="stretch")
 
 
 PATH_COLUMNS = {
@@ -128,6 +164,7 @@ def by_path() -> None:
     rng = time_range()
     s, cl = reads.range_stats(rng), reads.cluster()
     ts = reads.range_timeseries(rng)
+    recent = reads.requests_in(rng, SCATTER_LIMIT)  # one read for the page's cards (cached)
     if s.by_path is None:
         st.caption("This controller does not report statistics per path.")
         return
@@ -151,15 +188,15 @@ def by_path() -> None:
     if xfer.empty:
         left.info("No disaggregated requests in the window.")
     else:
-        plot.chart(left, charts.span(charts.transfer_percentiles(xfer), rng.start(),
-                                     rng.stop()), width="stretch")
+        plot.chart(left, on_axis(charts.transfer_percentiles(xfer), rng,
+                                 marks.range_marks(rng)), width="stretch")
     scale = cl.time_scale
     modelled = "; bandwidth in modelled time" if scale != 1 else ""
-    right.markdown(f"**Per prefill → decode pair** (last {SCATTER_LIMIT} requests{modelled})")
-    pairs = frames.pair_table(frames.requests_frame(reads.recent_requests(SCATTER_LIMIT, rng)),
-                              scale)
+    right.markdown("**Per prefill → decode pair**")
+    right.caption(upper_first(sampled(recent, s.requests, rng)) + modelled)
+    pairs = frames.pair_table(recent, scale)
     if pairs.empty:
-        right.info("No disaggregated requests among the recent ones.")
+        right.info("No disaggregated requests among them.")
     else:
         right.dataframe(pairs, column_config=PAIR_COLUMNS, hide_index=True, width="stretch",
                         height=tables.rows_height(len(pairs), 360))
@@ -170,20 +207,36 @@ def by_path() -> None:
 def per_request() -> None:
     st.subheader("KV bytes per request vs prompt length")
     rng = time_range()
-    df = frames.requests_frame(reads.recent_requests(SCATTER_LIMIT, rng))
-    cl = reads.cluster()
+    df = reads.requests_in(rng, SCATTER_LIMIT)  # one read for the page's cards (cached)
+    s, cl = reads.range_stats(rng), reads.cluster()
     per_token = cl.model.kv_bytes_per_token
-    st.caption(f"Last {SCATTER_LIMIT} requests; dashed: {cl.model.name} at "
+    st.caption(f"{upper_first(sampled(df, s.requests, rng))}; dashed: {cl.model.name} at "
                f"{per_token / 1e3:.0f} KB per token (the engine rounds up to whole blocks)")
     top = int(df["prompt_tokens"].max()) if not df.empty else 1
     plot.chart(st, charts.kv_bytes_vs_prompt(df, whatif.kv_line(per_token, top)),
                width="stretch")
     suspect = df[df["suspect"]]
     if not suspect.empty:
-        st.markdown(f"**{len(suspect)} suspect of the last {len(df)} requests** (red crosses): "
-                    "their decode hop read KV blocks the prefill engine had already freed, "
-                    "so their output may be wrong")
+        st.markdown(f"**{len(suspect)} suspect of the {len(df)} requests drawn** (red "
+                    "crosses): their decode hop read KV blocks the prefill engine had already "
+                    "freed, so their output may be wrong")
         tables.requests_table(suspect)
+
+
+def sampled(df: pd.DataFrame, total: int, rng: TimeRange) -> str:
+    """What a table or chart of the range's requests (``requests_in``, at most
+    ``SCATTER_LIMIT``) covers: ``all 72 requests in the last 300 s``, or ``the newest 500 of
+    the 1,234 requests in the last 300 s (from 14:02:11)`` when the limit cut it."""
+    if df.empty:
+        return f"no request {rng.within()}"
+    if len(df) < SCATTER_LIMIT or len(df) >= total:  # short of the limit: none left out
+        return f"all {len(df):,} requests {rng.within()}"
+    return (f"the newest {len(df):,} of the {total:,} requests {rng.within()} (from "
+            f"{clock(float(df['started_at'].min()))})")
+
+
+def upper_first(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 LEASE_COLUMNS = {

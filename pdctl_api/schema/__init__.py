@@ -5,7 +5,8 @@ controller computes a value.
 
 One module per resource: ``common`` (enums, the bases, the error shape), ``cluster`` (pools,
 instances, the dry run of a pool change, health, access), ``routing``, ``requests`` (requests,
-stats, time series), ``advisor``, ``planner``, ``targets`` and ``events``. A setting the API
+stats, time series), ``advisor``, ``planner``, ``targets``, ``events`` and ``utilization``
+(each pool's and instance's load against its profiled capacity). A setting the API
 changes (routing, targets, the planner's live settings, a pool's size and TP) has its type,
 bounds and description written once, in its resource's module, as an ``Annotated`` type: the
 answer declares the field with it, the PATCH body takes it from the answer
@@ -69,12 +70,22 @@ from pdctl_api.schema.requests import (
     PoolUtilization,
     RequestPublic,
     StatsPublic,
+    TailPublic,
     TimeseriesPublic,
     TransferShare,
     TtftBucket,
 )
 from pdctl_api.schema.routing import ROUTING_FIELDS, PolicyName, RoutingPublic, RoutingUpdate
 from pdctl_api.schema.targets import TargetsPublic, TargetsUpdate
+from pdctl_api.schema.utilization import (
+    CapacityPublic,
+    InstanceLoadPublic,
+    LoadSeriesPublic,
+    LoadSummaryPublic,
+    PoolLoadPublic,
+    RateClock,
+    UtilizationPublic,
+)
 
 __all__ = [
     "PARTS", "ROUTING_FIELDS", "AccessPublic", "ActionKind", "AdmissionPublic",
@@ -87,6 +98,9 @@ __all__ = [
     "PlannerUpdate", "PolicyName", "PoolActual", "PoolPlanPublic", "PoolPublic", "PoolSize",
     "PoolUpdate", "PoolUtilization", "PredictorName", "Public", "QuarantinePublic",
     "RequestPath", "RequestPublic", "Role", "RoutingPublic", "RoutingUpdate", "StatsPublic",
-    "TargetsPublic", "TargetsUpdate", "TimeseriesPublic", "TrafficPublic", "TransferShare",
-    "TtftBucket", "VerdictPublic",
+    "TailPublic", "TargetsPublic", "TargetsUpdate", "TimeseriesPublic", "TrafficPublic",
+    "TransferShare", "TtftBucket", "VerdictPublic",
+    # /utilization
+    "CapacityPublic", "InstanceLoadPublic", "LoadSeriesPublic", "LoadSummaryPublic",
+    "PoolLoadPublic", "RateClock", "UtilizationPublic",
 ]

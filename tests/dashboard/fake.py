@@ -20,8 +20,12 @@ from controller.api.control import planned
 from controller.config import TargetsSettings, describe_validation_error
 from controller.errors import InvalidChange
 from controller.fleet.guard import Quarantine
+from controller.fleet.history import LoadSamples
 from controller.fleet.reconcile import Capacity, FleetState, Member, Start, reconcile
 from controller.models import Instance, InstanceState, PoolTarget, RequestPath, RequestRecord, Role
+from controller.planner.capacity import profile_capacities
+from controller.planner.profile import ProfileIndex, profile_key
+from controller.planner.utilization import Seen, grid, utilization_json
 from controller.requests_log import stats, timeseries
 from controller.sizing import advisor, fit
 from dashboard.client import ControllerClient
@@ -131,6 +135,7 @@ class FakeController:
     nodes: int = 4
     calls: list[tuple[str, str, Any]] = field(default_factory=list)
     audit: list[dict[str, Any]] | None = None  # the audit log, newest first (None: a default)
+    load_samples: LoadSamples | None = None  # the engines' polls (None: one per bucket)
 
     def client(self, token: str | None = TOKEN) -> ControllerClient:
         return ControllerClient(URL, token, transport=httpx.MockTransport(self.handle))
@@ -184,6 +189,11 @@ class FakeController:
             if not self.legacy:
                 out["kv_integrity"] = self.kv_integrity
             return out
+        if key == ("GET", "/utilization"):
+            if self.legacy:
+                raise KeyError("/utilization")  # 404: an older controller has none
+            return self.utilization(window, float(q["step_s"]),
+                                    min(float(q.get("end", time.time())), time.time()))
         if key == ("GET", "/timeseries"):
             now = min(float(q.get("end", time.time())), time.time())
             recs = [r for r in self.records if now - window <= r.started_at < now]
@@ -198,10 +208,12 @@ class FakeController:
                     del r["kv_handle"], r["suspect"]
             return out
         if key == ("GET", "/advisor"):
-            return advisor.advise(MODEL, HW, profiles.link("ib-ndr"), 4, 2,
-                                  self.window(600), None, 0.2)
+            end = float(q.get("end", time.time()))
+            recs = [r for r in self.records if end - window <= r.started_at < end]
+            return advisor.advise(MODEL, HW, profiles.link("ib-ndr"), 4, 2, recs, None, 0.2)
         if key == ("GET", "/events"):
-            return self.events()
+            since, until = float(q.get("since", 0.0)), float(q.get("until", float("inf")))
+            return [e for e in self.events() if since <= e["ts"] < until]
         if request.method == "PATCH" and path.startswith("/pools/"):
             role = Role(path.rsplit("/", 1)[1])
             if q.get("dry_run") == "true":
@@ -243,6 +255,19 @@ class FakeController:
             iid = path.split("/")[2]
             return {"id": iid, "log": f"INFO engine log line of {iid}"}
         raise InvalidChange(f"fake controller: no route {key}")
+
+    def utilization(self, window: float, step: float, now: float) -> dict[str, Any]:
+        """The controller's own computation over ``load_samples``, or, by default, each live
+        instance polled once per bucket at the load it shows now."""
+        start, n = grid(window, step, now)
+        samples = self.load_samples or LoadSamples.of(
+            (start + (k + 0.5) * step, i.id, i.running, i.waiting, i.kv_usage)
+            for i in self.instances if not i.state.terminal for k in range(n))
+        index = ProfileIndex()
+        cap = profile_capacities(lambda tp: index.find("sim", MODEL.name, HW.name, tp),
+                                 lambda tp: profile_key("sim", MODEL.name, HW.name, tp), 60.0)
+        seen = {i.id: Seen(i.role, i.tp, i.state.value) for i in self.instances}
+        return utilization_json(samples, self.records, seen, cap, window, step, now, 1.0, 60.0)
 
     def window(self, window_s: float) -> list[RequestRecord]:
         cutoff = time.time() - window_s

@@ -19,7 +19,8 @@ from dashboard import prom
 PROM_URL = "http://fake-prometheus:9090"
 PARTS = {"queue": 0.001, "prefill": 0.010, "transfer": 0.005, "decode_sched": 0.008,
          "overhead": 0.002}
-ROLES = ("prefill", "decode")
+ALERTS_PATH = "/api/v1/alerts"  # what ``queries`` records for a read of the firing alerts
+ACTIVE_AT = "2026-12-03T14:02:05.5Z"  # when every fake alert began firing
 
 Series = list[tuple[dict[str, str], float]]
 
@@ -36,25 +37,8 @@ def series_for(name: str) -> Series:
         "part_p99": [({"component": c}, 2 * v) for c, v in PARTS.items()],
         "kv_bytes_rate": [({}, 2.5e9)],
         "nixl_gbps": [({}, 40.0)], "accounted_gbps": [({}, float("nan"))],
-        "engine_running": [({"role": r}, 3.0) for r in ROLES],
-        "engine_waiting": [({"role": r}, 1.0) for r in ROLES],
-        "engine_kv_usage": [({"role": r}, 0.4) for r in ROLES],
     }
     return table[name]
-
-
-INSTANCE_QUERY = re.compile(r'(vllm:\w+)\{instance="([^"]+)"\}')
-
-
-def instance_series(query: str) -> Series | None:
-    """One engine's load series (``prom.instance_query``), labelled as the scrape labels it."""
-    m = INSTANCE_QUERY.fullmatch(query)
-    names = {v: k for k, v in prom.ENGINE_SERIES.items()}
-    if m is None or m.group(1) not in names:
-        return None
-    role = "prefill" if m.group(2).startswith("prefill") else "decode"
-    value = {labels["role"]: v for labels, v in series_for(names[m.group(1)])}
-    return [({"instance": m.group(2), "role": role}, 2 * value[role])]
 
 
 def query_name(query: str) -> str | None:
@@ -80,7 +64,7 @@ class FakePrometheus(BaseAdapter):
     reachable: bool = True
     queries: list[str] = field(default_factory=list)
     ranges: list[tuple[float, float, str]] = field(default_factory=list)
-    firing: list[dict[str, str]] = field(default_factory=list)  # ALERTS{alertstate="firing"}
+    firing: list[dict[str, str]] = field(default_factory=list)  # the firing alerts' labels
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -92,16 +76,16 @@ class FakePrometheus(BaseAdapter):
         if not self.reachable:
             raise requests.ConnectionError("[Errno 111] Connection refused", request=request)
         url = urlsplit(request.url or "")
+        if url.path == "/api/v1/alerts":
+            self.queries.append(ALERTS_PATH)
+            alerts = [{"labels": {"alertstate": "firing", **m}, "annotations": {},
+                       "state": "firing", "activeAt": ACTIVE_AT, "value": "1.5e-01"}
+                      for m in self.firing]
+            return _response(request, 200, {"status": "success", "data": {"alerts": alerts}})
         q = {k: v[0] for k, v in parse_qs(url.query).items()}
         self.queries.append(q["query"])
-        if q["query"] == 'ALERTS{alertstate="firing"}':
-            result = [{"metric": {"__name__": "ALERTS", "alertstate": "firing", **m},
-                       "value": [0, "1"]} for m in self.firing]
-            return _response(request, 200, {"status": "success", "data": {
-                "resultType": "vector", "result": result}})
         name = query_name(q["query"])
-        own = instance_series(q["query"])
-        if name is None and own is None:
+        if name is None:
             return _response(request, 400, {"status": "error", "errorType": "bad_data",
                                              "error": f"unknown query {q['query']!r}"})
         if url.path == "/api/v1/query":
@@ -113,7 +97,7 @@ class FakePrometheus(BaseAdapter):
         n = int((end - start) / float(step.removesuffix("s"))) + 1
         times = [start + k * float(step.removesuffix("s")) for k in range(n)]
         result = [{"metric": m, "values": [[t, str(v)] for t in times]}
-                  for m, v in (own if own is not None else series_for(name or ""))]
+                  for m, v in series_for(name)]
         return _response(request, 200, {"status": "success", "data": {
             "resultType": "matrix", "result": result}})
 

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 from streamlit.testing.v1 import AppTest
 
@@ -55,6 +56,11 @@ def chart_edges(chart: Any) -> tuple[float, float]:
     data = next(d.data.data for d in chart.proto.datasets if d.name == edge["data"]["name"])
     times = pa.ipc.open_stream(data).read_pandas()["time"]
     return float(times.iloc[0].timestamp()), float(times.iloc[1].timestamp())
+
+
+def chart_frames(chart: Any) -> list[pd.DataFrame]:
+    """The data of every dataset a chart carries (Streamlit sends them as Arrow)."""
+    return [pa.ipc.open_stream(d.data.data).read_pandas() for d in chart.proto.datasets]
 
 
 def quarantine_decode(fake: FakeController, remaining_s: float = 95.0) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from controller.models import Instance
 from controller.requests_log import RequestLog, stats, timeseries
-from dashboard import charts, frames, whatif
+from dashboard import charts, frames, timeline, whatif
 from pdctl_api import profiles
 from pdctl_api.schema import (
     ClusterPublic,
@@ -307,8 +307,8 @@ def test_change_marks_and_before_after_a_change() -> None:
                   ("pool.update", "decode", {"size": 2, "tp": 2}),
                   ("instance.ready", "decode-2", "ready"),
                   ("routing.update", "routing", {"decode_policy": "round_robin"})])]
-    marks = frames.change_marks(events, since=now - 95)
-    assert list(marks["kind"]) == ["pool", "routing"]  # changes only, within the window
+    marks = timeline.change_marks(events, since=now - 95)
+    assert list(marks["kind"]) == ["change", "change"]  # changes only, within the window
     assert marks.iloc[0]["label"] == "pool.update decode by alice: size 2, tp 2"
     spec = charts.annotate(charts.request_rate(pd.DataFrame(
         {"time": marks["time"], "path": "disaggregated", "per_s": 1.0})), marks).to_dict()
@@ -363,3 +363,64 @@ def test_altair_builds_its_class_table_once_and_the_same() -> None:
     spec = charts.instance_grid(cell).to_dict()  # validated; its encodings went through it
     assert spec["spec"]["mark"] == {"type": "rect"}
     assert spec["spec"]["encoding"]["x"]["scale"] == {"paddingInner": 0.12}  # no white stroke
+
+
+# ---- load against capacity (dashboard.utilization) -----------------------------------------
+
+
+def utilization_of(fake: FakeController, now: float = 10_000.0):  # a UtilizationPublic
+    from controller.fleet.history import LoadSamples
+    from pdctl_api.schema import UtilizationPublic
+
+    fake.instances = make_instances(1, 2)
+    fake.load_samples = LoadSamples.of(  # decode-2 then, from 9,850, decode-3
+        [(now - 300 + t, "decode-2", 4.0, 1.0, 0.6) for t in range(0, 150, 2)]
+        + [(now - 150 + t, "decode-3", 2.0, 0.0, 0.3) for t in range(0, 150, 2)])
+    fake.records = []
+    return UtilizationPublic.model_validate(fake.utilization(300.0, 5.0, now))
+
+
+def test_a_pool_has_a_line_per_instance_at_its_own_times() -> None:
+    from dashboard import utilization as load
+
+    df = load.pool_lines(utilization_of(FakeController()), "decode", "kv_cache_usage")
+    t = df.assign(t=df["time"].map(pd.Timestamp.timestamp))
+    assert t[t["series"] == "decode-2"]["t"].max() == 9845.0  # its last bucket, not shifted
+    assert t[t["series"] == "decode-3"]["t"].min() == 9850.0
+    assert set(t[t["series"] == "decode-2"]["value"]) == {0.6}  # a ratio, read as 60 %
+    pool = t[t["series"] == load.POOL_LINE]
+    assert len(pool) == 60 and set(pool["value"]) == {0.6, 0.3}
+
+
+def test_percent_axes_tooltips_and_legend_for_kv_cache_and_utilization() -> None:
+    from dashboard import utilization as load
+
+    u = utilization_of(FakeController())
+    for metric in ("utilization", "kv_cache_usage", "running"):
+        spec = load.load_chart(load.pool_lines(u, "decode", metric), metric).to_dict()
+        axis = spec["encoding"]["y"]["axis"]
+        tip = spec["encoding"]["tooltip"][-1]["format"]
+        assert (axis.get("format"), tip) == ((".0%", ".1%") if metric != "running"
+                                             else (None, ",.1f"))
+    cell = frames.live_instances(frames.instances_frame(public(make_instances(1, 1))))
+    legend = charts.instance_grid(cell).to_dict()["spec"]["encoding"]["color"]["legend"]
+    assert legend["format"] == ".0%"
+    assert "format" not in charts.instance_grid(cell, "running").to_dict()["spec"][
+        "encoding"]["color"]["legend"]
+
+
+def test_a_pool_card_says_why_there_is_no_utilization() -> None:
+    from dashboard import utilization as load
+
+    fake = FakeController()
+    u = utilization_of(fake)
+    f = load.pool_figures(u, "decode")
+    assert (f.utilization, f.tokens_per_s, f.tokens, f.why) == (0.0, 0.0, "output", None)
+    assert f.basis.startswith("profile sim-llama-3-70b-h100-sxm-tp2: ")
+    fake.instances = make_instances(1, 1, decode_tp=3)
+    fake.load_samples = None
+    none = load.pool_figures(u.model_validate(fake.utilization(300.0, 5.0, time.time())),
+                             "decode")
+    assert none.utilization is None and none.why is not None
+    assert "no performance profile sim-llama-3-70b-h100-sxm-tp3" in none.why
+    assert load.fmt_percent(None) == "—" and load.fmt_percent(0.434) == "43%"

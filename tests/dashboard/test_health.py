@@ -60,3 +60,24 @@ def test_check_texts() -> None:
                      "inter-token gap p99: no data (target 100 ms)",
                      "error rate 0.5% ≤ 1.0%"]
     assert h.pools == ("decode pool converging: 1 of 1 ready",)
+
+
+def test_an_instance_that_failed_in_the_window_is_not_healthy() -> None:
+    """Replaced or not: an engine that crashes every few minutes must not read healthy."""
+    h = health.evaluate(stats(), TARGETS, cluster(), ["decode-1 failed at 14:03:05"])
+    assert h.status == "warn" and h.failures == ("decode-1 failed at 14:03:05",)
+    quiet = health.evaluate(stats(requests=0, p95=0.0, p99=0.0, gap=None), TARGETS,
+                            cluster(), ["decode-1 failed at 14:03:05"])
+    assert quiet.status == "warn"  # no traffic, but a failure is still news
+
+
+def test_one_clock_on_a_scaled_simulation() -> None:
+    """Wall latency = time_scale x modelled: the targets are compared in modelled time, as the
+    Planner compares them (a modelled p95 of 19 s used to read healthy at scale 0.05)."""
+    scaled = cluster().model_copy(update={"time_scale": 0.05})
+    h = health.evaluate(stats(p95=950.0, p99=990.0, gap=None), TARGETS, scaled)
+    assert h.status == "breach"
+    assert [c.text() for c in h.checks][:2] == ["TTFT p95 19,000 ms (modelled) > 1,000 ms",
+                                                "TTFT p99 19,800 ms (modelled) > 2,000 ms"]
+    assert health.evaluate(stats(p95=950.0, p99=990.0, gap=None), TARGETS,
+                           cluster()).status == "warn"  # at wall speed: near, not broken

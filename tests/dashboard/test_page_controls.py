@@ -16,7 +16,7 @@ def test_targets_are_reviewed_then_sent(console: Console, fake: FakeController) 
     by_label(at.button, "Review targets change").click()
     at.run()
     assert fake.changes() == []
-    assert "Confirm — targets: ttft_p95_ms" in texts(at.info)
+    assert "Confirm — targets: ttft_p95_ms 2000 → 800" in texts(at.info)
     at.button(key="confirm-targets").click().run()
     no_exceptions(at)
     assert fake.changes() == [("PATCH", "/api/v1/targets", {"ttft_p95_ms": 800.0})]
@@ -143,7 +143,8 @@ def test_routing_change_sends_only_changed_fields(console: Console,
     at.run()
     no_exceptions(at)
     assert fake.changes() == [], "nothing is sent before the operator confirms"
-    assert "Confirm — routing: disagg_min_prompt_tokens, decode_policy" in texts(at.info)
+    assert ("Confirm — routing: disagg_min_prompt_tokens 512 → 1024, decode_policy "
+            "least_loaded → round_robin") in texts(at.info)  # in words, not raw keys
     assert "would have gone colocated instead of disaggregated" in texts(at.markdown)
     assert by_label(at.button, "Confirm change").proto.type == "secondary"  # harmless
     at.button(key="confirm-routing").click().run()
@@ -161,3 +162,22 @@ def test_refused_routing_change_shows_detail(console: Console, fake: FakeControl
     at.button(key="confirm-routing").click().run()
     assert "disagg_min_prompt_tokens: must be at most 1000000" in texts(at.error)
     assert fake.routing["disagg_min_prompt_tokens"] == 512
+
+
+def test_a_reviewed_change_is_scrolled_into_view_once(console: Console,
+                                                      fake: FakeController) -> None:
+    """The confirmation appears under the form that asked for it, which may be below the
+    fold: the run that draws it scrolls it into view (a real browser shows it:
+    tests/integration/test_console_fold_browser.py), and a later refresh leaves the page
+    where the operator put it."""
+    at = console(fake, "controls")
+    assert not at.get("html")
+    by_label(at.number_input, "TTFT p95 target (ms)").set_value(800.0)
+    by_label(at.button, "Review targets change").click()
+    at.run()
+    [scroll] = at.get("html")
+    assert "scrollIntoView" in scroll.proto.body
+    assert '".st-key-pdctl-pending-targets"' in scroll.proto.body
+    at.run()  # a refresh: the confirmation stays, the page does not move again
+    assert "Confirm — targets: ttft_p95_ms" in texts(at.info)
+    assert not at.get("html")

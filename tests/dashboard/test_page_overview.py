@@ -19,6 +19,7 @@ from tests.dashboard.page_helpers import (
     Console,
     by_label,
     chart_edges,
+    chart_frames,
     frame_with,
     marks,
     no_exceptions,
@@ -35,7 +36,7 @@ def test_overview_shows_ttft_parts(console: Console, fake: FakeController) -> No
     assert metrics["KV transfer"] != "0.0 ms"
     assert metrics["Disaggregated"] == "67%"
     assert not at.error  # 5 ms of ~26 ms: no transfer alert
-    assert len(at.get("vega_lite_chart")) == 5
+    assert len(at.get("vega_lite_chart")) == 6  # + latency and tokens over time
 
 
 def test_an_empty_window_says_no_data_instead_of_zeros(console: Console,
@@ -78,7 +79,8 @@ def test_the_time_charts_of_a_page_share_the_window(console: Console,
     at = console(fake)  # the 5-min window; the fake's requests cover its last 30 s
     framed = [c for c in at.get("vega_lite_chart")
               if {"type": "point", "opacity": 0} in marks(json.loads(c.proto.spec))]
-    assert len(framed) == 3  # TTFT parts, TTFT percentiles, traffic: one x-axis
+    # TTFT parts, TTFT percentiles, latency and tokens, traffic: one x-axis
+    assert len(framed) == 4
 
 
 def test_a_custom_range_shows_that_range_and_no_other(console: Console,
@@ -212,3 +214,57 @@ def test_last_change_is_the_newest_change_in_the_window(console: Console,
     no_exceptions(at)
     caption = next(c.value for c in at.caption if "requests started within" in c.value)
     assert caption.startswith("pool.update decode by pdctl-cli: size 2 → 3 at "), caption
+
+
+def test_an_engine_killed_in_the_window_is_named_and_marked(console: Console,
+                                                            fake: FakeController) -> None:
+    """Its replacement is ready: the health is still not green, the incidents strip names the
+    engine and why it died, and every time chart marks the failure."""
+    now = time.time()
+
+    def event(eid: int, ago: float, kind: str, target: str, detail: str) -> dict[str, object]:
+        return {"id": eid, "ts": now - ago, "actor": "controller", "kind": kind,
+                "target": target, "before": None, "after": None, "detail": detail}
+
+    fake.audit = [event(3, 10, "instance.ready", "decode-3", "healthy after 1.0 s"),
+                  event(2, 14, "instance.starting", "decode-3", "decode pool below size"),
+                  event(1, 15, "instance.failed", "decode-1",
+                        "process exited with status -9 (SIGKILL)")]
+    at = console(fake)
+    no_exceptions(at)
+    assert not at.success  # not "Healthy"
+    banner = texts(at.warning)
+    assert "**Watch**" in banner and "decode-1 failed at" in banner
+    strip = texts(at.markdown)
+    assert "**decode-1 failed** at" in strip and "status -9 (SIGKILL)" in strip
+    assert "replaced by decode-3, ready at" in strip
+    timed = [c for c in at.get("vega_lite_chart")
+             if {"type": "point", "opacity": 0} in marks(json.loads(c.proto.spec))]
+    marked = [c for c in timed if any("failed" in set(df.get("kind", []))
+                                      for df in chart_frames(c))]
+    assert len(marked) == len(timed) == 4  # every time chart of the page
+
+
+def test_the_recent_requests_chart_says_what_it_sampled(console: Console,
+                                                        fake: FakeController) -> None:
+    at = console(fake)  # 300 requests in the window, the chart reads the newest 200
+    assert f"The newest {RECENT_LIMIT} of the 300 requests in the last 300 s (from" in \
+        texts(at.caption)
+
+
+@pytest.mark.parametrize(("view", "series"), [
+    ("TTFT by path", {"disaggregated p50", "disaggregated p99", "colocated p50",
+                      "colocated p99"}),
+    ("Gap and end-to-end", {"end-to-end p50", "end-to-end p99"}),  # the fake streams none
+    ("Tokens per second", {"prompt", "generated"}),
+])
+def test_latency_and_tokens_over_time(console: Console, fake: FakeController, view: str,
+                                      series: set[str]) -> None:
+    """TTFT is bimodal (short prompts colocated): by path, beside the gap and end-to-end
+    latency and the tokens per second, over the window, from the controller's records."""
+    at = console(fake)
+    by_label(at.segmented_control, "Show").set_value(view).run()
+    no_exceptions(at)
+    drawn = [df for c in at.get("vega_lite_chart") for df in chart_frames(c)
+             if "series" in df.columns]
+    assert len(drawn) == 1 and set(drawn[0]["series"]) == series

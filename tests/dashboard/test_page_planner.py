@@ -4,10 +4,22 @@ reviewed then confirmed; a planner without a profile or a pass."""
 from __future__ import annotations
 
 import json
+import time
+from typing import Any
+
+import pytest
 
 from controller.models import Role
-from tests.dashboard.fake import FakeController, planner_view
-from tests.dashboard.page_helpers import Console, by_label, frame_with, no_exceptions, texts
+from tests.dashboard.fake import FakeController, planner_pass, planner_view
+from tests.dashboard.page_helpers import (
+    Console,
+    by_label,
+    chart_edges,
+    chart_frames,
+    frame_with,
+    no_exceptions,
+    texts,
+)
 
 
 def test_planner_page_shows_decisions_and_applies_a_recommendation(
@@ -33,7 +45,7 @@ def test_planner_page_shows_decisions_and_applies_a_recommendation(
 def test_planner_settings_are_reviewed_then_sent(console: Console,
                                                  fake: FakeController) -> None:
     at = console(fake, "planner")
-    by_label(at.number_input, "TTFT p95 target (ms)").set_value(1500.0)
+    by_label(at.number_input, "Planner TTFT p95 target (ms)").set_value(1500.0)
     by_label(at.selectbox, "Mode").set_value("apply")
     by_label(at.button, "Review change").click().run()
     no_exceptions(at)
@@ -64,8 +76,52 @@ def test_pool_sizes_are_drawn_on_whole_instance_ticks(console: Console,
     """Instances come whole: the pool-size chart's axis has no fractional ticks."""
     at = console(fake, "planner")
     no_exceptions(at)
-    specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
+    specs = [layer for c in at.get("vega_lite_chart")
+             for layer in layers(json.loads(c.proto.spec))]
     sizes = [s for s in specs if s.get("encoding", {}).get("y", {}).get("field") == "instances"]
     assert sizes, "no pool-size chart"
     axis = sizes[0]["encoding"]["y"]["axis"]
     assert axis["tickMinStep"] == 1 and axis["format"] == "d"
+
+
+def test_the_planner_names_its_own_itl_apart_from_the_gap_target(
+        console: Console, fake: FakeController) -> None:
+    """Controls sets an inter-token gap p99 target (each streamed request's own gap p99); the
+    planner draws the p95 of every gap in its interval against its own ITL target: no figure
+    of the Planner page is called a gap p95."""
+    at = console(fake, "planner")
+    no_exceptions(at)
+    labels = [w.label for w in at.number_input]
+    assert "Planner ITL p95 target (ms)" in labels
+    assert not [label for label in labels if "gap" in label.lower()]
+    drawn = {m for c in at.get("vega_lite_chart") for df in chart_frames(c)
+             if "metric" in df.columns for m in df["metric"]}
+    assert drawn == {"TTFT p95 (planner)", "ITL p95 (planner)"}
+    itl = by_label(at.number_input, "Planner ITL p95 target (ms)")
+    assert "not the Controls page's inter-token gap p99 target" in itl.proto.help
+
+
+def layers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """A Vega-Lite spec and every layer in it, at any depth."""
+    return [spec, *(x for layer in spec.get("layer", []) for x in layers(layer))]
+
+
+def test_the_planner_charts_cover_the_window_with_its_marks(console: Console,
+                                                            fake: FakeController) -> None:
+    """One scope per page: the passes of the sidebar's window, on its axis, with the
+    cluster's changes and failures marked (the page drew its last 60 passes, unmarked)."""
+    now = time.time()
+    fake.planner = planner_view(history=[planner_pass(now - 900, (1, 1), (1, 2), 9.0),
+                                         planner_pass(now - 20, (1, 1), (1, 1), 2.0)])
+    fake.audit = [{"id": 1, "ts": now - 30, "actor": "controller", "kind": "instance.failed",
+                   "target": "decode-1", "before": "ready", "after": "failed",
+                   "detail": "process exited with status -9 (SIGKILL)"}]
+    at = console(fake, "planner")
+    no_exceptions(at)
+    assert "The 1 passes in the last 300 s" in texts(at.caption)
+    charts = at.get("vega_lite_chart")
+    assert charts and all(chart_edges(c)[1] - chart_edges(c)[0] == pytest.approx(300, abs=2)
+                          for c in charts)
+    assert all(any("failed" in set(df.get("kind", [])) for df in chart_frames(c))
+               for c in charts)
+    assert "decode-1 failed: process exited with status -9 (SIGKILL)" in texts(at.caption)

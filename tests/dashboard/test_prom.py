@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,15 @@ from dashboard.config import ConsoleConfig, load_config
 from dashboard.ui import session
 from tests.dashboard.conftest import APP
 from tests.dashboard.fake import TOKEN, URL, FakeController
-from tests.dashboard.fake_prom import PARTS, PROM_URL, FakePrometheus, query_name
+from tests.dashboard.fake_prom import (
+    ACTIVE_AT,
+    ALERTS_PATH,
+    PARTS,
+    PROM_URL,
+    FakePrometheus,
+    query_name,
+)
+from tests.dashboard.page_helpers import chart_frames
 
 
 def test_every_query_has_a_rate_window_or_none_needed() -> None:
@@ -67,16 +76,12 @@ def test_rate_frame_puts_every_failure_under_errors() -> None:
     assert prom.rate_frame([]).empty
 
 
-def test_kv_bandwidth_and_load_frames() -> None:
+def test_kv_and_bandwidth_frames() -> None:
     kv = prom.kv_frame(result({"": [2e9]}), step_s=5.0)
     assert (kv["kv_gb_per_s"][0], kv["kv_bytes"][0]) == (2.0, 1e10)
     bw = prom.bandwidth_frame(result({"": [40.0]}), result({"": [math.nan, 30.0]}))
     assert list(bw["source"]) == ["engines (NIXL)", "controller (accounted)"]
     assert list(bw["gbps"]) == [40.0, 30.0]
-    load = prom.load_frame({n: result({"prefill": [1.0], "decode": [2.0]}, "role")
-                            for n in prom.LOAD_METRICS})
-    assert set(load["metric"]) == set(prom.LOAD_METRICS.values())
-    assert set(load["role"]) == {"prefill", "decode"}
 
 
 def test_client_queries_ranges_and_explains_failures() -> None:
@@ -91,7 +96,7 @@ def test_client_queries_ranges_and_explains_failures() -> None:
         c.range("up{", 0, 1, 1)
     fake.reachable = False
     with pytest.raises(prom.PromError) as err:
-        c.instant(prom.expr("engine_running", "40s"))
+        c.instant(prom.expr("kv_bytes_rate", "40s"))
     assert err.value.url == PROM_URL and "ConnectionError" in err.value.detail
     assert len(fake.queries) == 2  # the refused call was not retried
 
@@ -180,25 +185,38 @@ def test_overview_shows_the_alerts_prometheus_has_firing(app: Any) -> None:
     fake = FakePrometheus(firing=[{"alertname": "PdctlTtftP95AboveTarget",
                                    "severity": "warn"}])
     at = app("overview", fake)
-    errors = "\n".join(str(e.value) for e in at.error)
-    assert "Prometheus alert firing: PdctlTtftP95AboveTarget" in errors
-    assert "severity warn" in errors
+    strip = "\n".join(str(m.value) for m in at.markdown)
+    since = datetime.fromtimestamp(datetime.fromisoformat(ACTIVE_AT).timestamp())
+    # In the incidents strip, with its value and since when (Prometheus's /api/v1/alerts).
+    assert (f"**Prometheus alert PdctlTtftP95AboveTarget** firing since "
+            f"{since:%H:%M:%S} (value 0.15), severity warn") in strip
+    assert ALERTS_PATH in fake.queries
 
 
 def test_overview_time_series_come_from_prometheus(app: Any) -> None:
     fake = FakePrometheus()
     at = app("overview", fake)
-    alerts_query = 'ALERTS{alertstate="firing"}'
-    names = {query_name(q) for q in fake.queries if q != alerts_query}
-    assert {"part_mean", "part_p99", "ttft_p50", "ttft_p90", "ttft_p99",
-            "request_rate"} <= names
-    assert None not in names and alerts_query in fake.queries
-    assert len(at.get("vega_lite_chart")) == 6  # the API's five, plus p99 of each part
+    names = {query_name(q) for q in fake.queries if q != ALERTS_PATH}
+    assert {"part_mean", "part_p99", "request_rate"} <= names
+    assert None not in names and ALERTS_PATH in fake.queries
+    assert len(at.get("vega_lite_chart")) == 7  # the API's six, plus p99 of each part
     assert f"Prometheus `{PROM_URL}`, rate window 40s" in captions(at)
     assert "p99 (ms)" in specs(at)
     assert not at.warning and not at.error
     assert f"time series from Prometheus `{PROM_URL}`" in "\n".join(
         str(c.value) for c in at.sidebar.caption)
+
+
+def test_the_ttft_p99_line_and_the_card_are_one_statistic(app: Any) -> None:
+    """With a Prometheus, the percentile lines come from the controller's records, as the
+    cards: the fake's histogram says 45 ms at p99 where every request took 26 ms or less."""
+    at = app("overview", FakePrometheus())
+    card = next(m.value for m in at.metric if m.label == "TTFT p99")
+    pct = next(df for c in at.get("vega_lite_chart") for df in chart_frames(c)
+               if "percentile" in df.columns)
+    p99 = pct[pct["percentile"] == "p99"]["ms"]
+    assert not p99.empty and p99.max() == float(card.removesuffix(" ms"))
+    assert 45.0 not in set(p99)
 
 
 def test_transfer_bandwidth_from_engine_nixl_counters(app: Any) -> None:
@@ -211,17 +229,21 @@ def test_transfer_bandwidth_from_engine_nixl_counters(app: Any) -> None:
     assert len(at.get("vega_lite_chart")) == 4  # + KV transfer percentiles (the API)
 
 
-def test_pools_page_adds_engine_load_over_time(app: Any) -> None:
+def test_the_pools_page_asks_prometheus_nothing(app: Any) -> None:
+    """Pool load comes from the controller's own history (``/api/v1/utilization``), with or
+    without a Prometheus: one source, a line per instance."""
     fake = FakePrometheus()
     at = app("pools", fake)
-    assert [s.value for s in at.subheader if s.value == "Engine load over time"]
-    assert len(at.get("vega_lite_chart")) == 4
-    assert {"engine_running", "engine_waiting", "engine_kv_usage"} <= {
-        query_name(q) for q in fake.queries}
+    assert [s.value for s in at.subheader if s.value == "Load over time"]
+    [box] = [s for s in at.selectbox if s.label == "instance"]
+    box.set_value("decode-2").run()
+    assert not at.exception
+    assert not [q for q in fake.queries if "vllm:" in q and "nixl" not in q]
+    assert any("Its load over time" in m.value for m in at.markdown)
 
 
 def test_without_prometheus_the_pages_use_the_api(app: Any) -> None:
-    for page, n in (("overview", 5), ("transfer", 4), ("pools", 1)):
+    for page, n in (("overview", 6), ("transfer", 4), ("pools", 3)):
         at = app(page, None)
         assert len(at.get("vega_lite_chart")) == n, page
         assert "Prometheus" not in captions(at)
@@ -234,7 +256,7 @@ def test_failing_prometheus_falls_back_to_the_api_with_a_warning(app: Any) -> No
     warning = "\n".join(str(w.value) for w in at.warning)
     assert f"Prometheus at {PROM_URL} did not answer" in warning
     assert "Connection refused" in warning and "controller's own figures" in warning
-    assert len(at.get("vega_lite_chart")) == 5
+    assert len(at.get("vega_lite_chart")) == 6
     assert not at.error
 
 
@@ -248,18 +270,3 @@ def test_frames_from_the_fake_draw_with_the_chart_builders() -> None:
     bw = prom.bandwidth_frame(res["nixl_gbps"], res["accounted_gbps"])
     assert set(bw["source"]) == {"engines (NIXL)"}  # the NaN series has no points
     charts.bandwidth_by_source(bw, 50.0, "nvlink").to_dict()
-    load = prom.load_frame({n: res[n] for n in prom.LOAD_METRICS})
-    for metric in prom.LOAD_METRICS.values():
-        charts.load_lines(load, metric).to_dict()
-
-
-def test_an_opened_instance_shows_its_engine_load_from_prometheus(app: Any) -> None:
-    fake = FakePrometheus()
-    at = app("pools", fake)
-    [box] = [s for s in at.selectbox if s.label == "instance"]
-    box.set_value("decode-2").run()
-    assert not at.exception
-    own = [q for q in fake.queries if 'instance="decode-2"' in q]
-    assert sorted(own) == sorted(prom.instance_query(n, "decode-2") for n in prom.LOAD_METRICS)
-    assert any("Its engine's load over time" in m.value for m in at.markdown)
-    assert len(at.get("vega_lite_chart")) == 4 + 1 + 3  # + its requests, + its own load

@@ -187,7 +187,7 @@ def test_scaled_time_is_said_on_every_page_and_bandwidth_is_compared_in_modelled
             expect(page.get_by_text(banner)).to_be_visible(timeout=15_000)
         page.wait_for_timeout(6_000)  # transfers in the window
         share = metric(page, "Of the ceiling")
-        achieved = number(metric(page, "Bandwidth (modelled)"))
+        achieved = number(metric(page, "Bandwidth (controller, modelled)"))
         shoot(page, "transfer-scaled-time")
         res = load.stop()
     assert res.failures == [], res.failures[:5]

@@ -25,7 +25,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
 SHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
-CHARTS = {"transfer": 4, "pools": 1, "advisor": 1, "events": 0}  # Vega-Lite charts per page
+CHARTS = {"transfer": 4, "pools": 3, "advisor": 1, "events": 0}  # Vega-Lite charts per page
 DRAWN = '[data-testid="stVegaLiteChart"] canvas, [data-testid="stVegaLiteChart"] svg'
 
 pytestmark = [
@@ -136,7 +136,7 @@ def test_console_in_chromium(controller: ControllerProc, console: str, tmp_path:
         while not all(metric(page, p) > 0 for p in parts):
             assert time.monotonic() < deadline, {p: metric(page, p) for p in parts}
             page.wait_for_timeout(500)
-        expect(page.locator(DRAWN)).to_have_count(5, timeout=30_000)
+        expect(page.locator(DRAWN)).to_have_count(6, timeout=30_000)
         shoot(page, "overview")
 
         for name, charts in CHARTS.items():

@@ -156,6 +156,23 @@ def test_the_lab_prometheus_loads_the_target_rules_and_follows_a_target_change(
              "the changed target scraped (the rules read it: no reload)")
 
 
+def test_the_console_reads_the_alerts_of_a_real_prometheus(lab: Lab) -> None:
+    """The incidents strip's read (``/api/v1/alerts``): each alert as labels, the unix time it
+    became active and its value; pending ones (still within the rule's ``for``) left out."""
+    from dashboard.prom import PromClient
+
+    raw = httpx.get(f"{lab.prom.url}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+    client = PromClient(lab.prom.url)
+    try:
+        rows = client.alerts()
+    finally:
+        client.close()
+    assert len(rows) == sum(a["state"] == "firing" for a in raw)
+    for row in rows:
+        assert set(row) == {"labels", "activeAt", "value"}
+        assert 0 < time.time() - row["activeAt"] < 3600
+
+
 def bucket(value: float, bounds: tuple[float, ...]) -> int:
     """Index of the histogram bucket ``(bounds[i-1], bounds[i]]`` holding ``value``
     (``len(bounds)`` for +Inf)."""

@@ -38,6 +38,7 @@ ROUTES = {
     "/requests": list[schema.RequestPublic], "/stats": schema.StatsPublic,
     "/timeseries?window_s=60&step_s=10": schema.TimeseriesPublic,
     "/advisor": schema.AdvisorPublic, "/events": list[schema.EventPublic],
+    "/utilization?window_s=60&step_s=10": schema.UtilizationPublic,
 }
 
 

@@ -125,6 +125,12 @@ def test_timeseries_buckets() -> None:
     parts = out[0]["parts_mean_ms"]
     assert set(parts) == {"queue", "prefill", "transfer", "decode_sched", "overhead"}
     assert parts["transfer"] > 0 and out[0]["ttft_ms"]["p99"] == 30.0
+    # What the Overview draws besides TTFT: by path, end to end, tokens per second.
+    assert out[0]["ttft_by_path"]["disaggregated"] == {"p50": 20.0, "p99": 30.0}
+    assert out[0]["ttft_by_path"]["colocated"] is None
+    assert out[0]["e2e_p99_ms"] == max(r.e2e_ms for r in records[:10])
+    assert out[0]["prompt_tokens_per_s"] == sum(r.prompt_tokens for r in records[:10]) / 5.0
+    assert out[0]["output_tokens_per_s"] == sum(r.output_tokens for r in records[:10]) / 5.0
 
 
 def test_streaming_decode_hop_asks_for_usage_and_relay_strips_it() -> None:

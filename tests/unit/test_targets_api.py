@@ -120,3 +120,23 @@ def test_requests_and_timeseries_of_a_range(app_state: Fixture) -> None:
     ahead = tc.get("/api/v1/timeseries",
                    params={"window_s": 60, "step_s": 10, "end": starts[-1] + 3600}).json()
     assert ahead["now"] <= time.time() and ahead["buckets"][-1]["t"] < time.time()
+
+
+def test_events_and_advice_of_a_range(app_state: Fixture) -> None:
+    """What the console's Events and Advisor pages read for the chosen window or range."""
+    tc, st = app_state
+    for k in range(3):
+        st.store.record("alice", "routing.update", "routing", None, {"k": k}, None)
+    times = sorted(e["ts"] for e in st.store.events(100, 0, "routing.update"))
+    mid = (times[0] + times[1]) / 2
+    r = tc.get("/api/v1/events", params={"kind": "routing.update", "since": mid})
+    assert [e["after"]["k"] for e in r.json()] == [2, 1]
+    r = tc.get("/api/v1/events", params={"kind": "routing.update", "until": mid})
+    assert [e["after"]["k"] for e in r.json()] == [0]
+    bad = tc.get("/api/v1/events", params={"since": mid, "until": mid})
+    assert bad.status_code == 422 and bad.json()["field"] == "since"
+    first = min(r.started_at for r in st.requests.recent(100))
+    now = tc.get("/api/v1/advisor", params={"window_s": 600}).json()
+    past = tc.get("/api/v1/advisor", params={"window_s": 600, "end": first + 1e-6}).json()
+    assert now["traffic"]["requests"] == 5 and past["traffic"]["requests"] == 1
+    assert tc.get("/api/v1/advisor", params={"end": -1}).status_code == 422
