@@ -292,6 +292,9 @@ def test_overview_health_follows_the_targets_the_operator_sets(
         controller: ControllerProc, console: str, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
+    # One clock: at sim.time_scale 0.2 the targets hold the modelled gaps (wall / 0.2), which
+    # carry this 2-core machine's relay overhead x5: a gap target the simulated fleet meets.
+    controller.api("PATCH", "/targets", {"gap_p99_ms": 5000}).raise_for_status()
     with Load(controller.url, workers=3, streaming=True) as load, browser(tmp_path) as page:
         page.wait_for_timeout(3_000)
         open_page(page, console, "overview")
@@ -309,12 +312,13 @@ def test_overview_health_follows_the_targets_the_operator_sets(
         expect(page.get_by_text("targets updated")).to_be_visible(timeout=15_000)
         open_page(page, console, "overview")
         expect(page.get_by_text("Target broken", exact=True)).to_be_visible(timeout=20_000)
-        expect(page.get_by_text(re.compile(r"TTFT p95 [\d,.]+ ms > 1 ms"))).to_be_visible()
+        broken = re.compile(r"TTFT p95 [\d,.]+ ms \(modelled\) > 1 ms")  # one clock
+        expect(page.get_by_text(broken)).to_be_visible()
         page.locator(DRAWN).nth(4).wait_for(timeout=30_000)
         shoot(page, "overview-target-broken")
         res = load.stop()
     assert res.failures == [], res.failures[:5]
-    [event] = controller.get("/events?kind=targets.update")
+    event = controller.get("/events?kind=targets.update")[0]  # the newest
     assert event["actor"] == "pdctl-console/carol" and event["after"] == {"ttft_p95_ms": 1.0}
 
 
@@ -415,7 +419,7 @@ def test_the_console_follows_a_dark_system_theme(controller: ControllerProc, con
 
     with Load(controller.url, workers=3) as load, browser(tmp_path, "dark") as page:
         page.wait_for_timeout(4_000)
-        for name, charts in (("overview", 5), ("transfer", 4), ("pools", 1)):
+        for name, charts in (("overview", 6), ("transfer", 4), ("pools", 3)):
             open_page(page, console, name)
             expect(page.locator(DRAWN)).to_have_count(charts, timeout=30_000)
             app = page.locator('[data-testid="stApp"]')

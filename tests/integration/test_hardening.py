@@ -125,7 +125,7 @@ def test_unknown_query_parameters_are_422_with_what_the_route_takes(ctl: Control
     r = ctl.api("GET", "/events", params={"limt": 5})
     assert r.status_code == 422, r.text
     assert r.json() == {"detail": "unknown query parameter(s): limt; this route takes "
-                        "kind, limit, since_id", "field": "limt"}
+                        "kind, limit, since, since_id, until", "field": "limt"}
     r = ctl.api("GET", "/cluster", params={"verbose": 1})
     assert (r.status_code, r.json()["field"]) == (422, "verbose"), r.text
     assert r.json()["detail"].endswith("this route takes none")

@@ -55,7 +55,7 @@ def test_planner_page_applies_a_recommendation_and_changes_a_target(
             lambda: controller.get("/cluster")["pools"]["prefill"]["desired"]["size"] == 2,
             10, "desired prefill size 2")
 
-        ttft = page.get_by_label("TTFT p95 target (ms)")
+        ttft = page.get_by_role("spinbutton", name="Planner TTFT p95 target (ms)")
         ttft.fill("1500")
         ttft.press("Tab")
         page.get_by_role("button", name="Review change").click()
