@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from controller.cli import clients, console, make_model, profile, serve
+from controller.cli import clients, console, make_model, profile, replay, serve
 
 EPILOG = """\
 examples:
@@ -18,6 +18,8 @@ examples:
   pdctl route disagg_min_prompt_tokens=1024 decode_policy=round_robin
   pdctl profile --backend sim --model llama-3-70b --hardware h100-sxm --tp 4
                                            measure an engine for the SLA planner
+  pdctl replay trace.jsonl --limit 200 --time-scale 0.1
+                                           replay a Mooncake/Azure trace, summary per class
 """
 
 
@@ -33,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_profile_parser(sub)
     console.add_dashboard_parser(sub)
     clients.add_parsers(sub)
+    replay.add_replay_parser(sub)
     return p
 
 

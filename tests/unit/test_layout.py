@@ -18,6 +18,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("controller.errors", "controller.models", "controller.tokens", "controller.token_file",
      "controller.store", "controller.requests_log", "controller.metrics", "controller.signals",
      "controller.vllm_metrics"),
+    ("controller.kvevents",),
+    ("controller.replay",),
     ("controller.sizing",),
     ("controller.config",),
     ("controller.engines",),

@@ -1,0 +1,117 @@
+"""Block hashes over token ids: the controller's own chain hash (what the block index is
+keyed by and the router computes per prompt) and vLLM 0.32's (what the engines publish and
+the simulated engine must publish the same way).
+
+vLLM (``vllm/v1/core/kv_cache_utils.py``: ``hash_block_tokens``, ``init_none_hash``) hashes a
+full block as ``hash_fn((parent_hash, tuple(block_token_ids), extra_keys))``, the first
+block's parent being ``NONE_HASH = hash_fn(seed)``. ``hash_fn`` is
+``--prefix-caching-hash-algo``: ``sha256`` (the default: pickle, then SHA-256),
+``sha256_cbor`` (canonical CBOR, then SHA-256), ``xxhash``/``xxhash_cbor`` (XXH3-128). The seed
+is ``PYTHONHASHSEED`` when set; otherwise the fixed ``"vllm-none-hash"`` for the SHA-256
+algorithms and 32 random bytes per process for the xxhash ones. Events carry each hash as
+its low 64 bits as an int (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``, on by default) or as
+the raw bytes.
+
+The controller's own hash is Python's hash of ``(parent, tuple(block_token_ids))``: the
+same for every engine whatever its algorithm and seed, deterministic (ints and tuples of
+ints are not salted by ``PYTHONHASHSEED``; it never leaves the controller process), and
+cheap: a 12,000-token prompt costs 0.24 ms at block size 16 and 0.13 ms at 128 here,
+against 1.3 ms and 1.0 ms for vLLM's pickle+SHA-256. It is not collision resistant; a
+collision can only make the router predict a hit the engine (which checks its own SHA-256
+hashes) does not give."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from collections.abc import Callable, Sequence
+from typing import Any
+
+VLLM_DEFAULT_SEED = "vllm-none-hash"
+VLLM_HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+
+
+# The parent of every prompt's first block in the controller's chain.
+ROOT_HASH = 0x5BD1E995
+
+
+def block_chain_hash(parent: int, token_ids: Sequence[int]) -> int:
+    """The controller's hash of one full block, given its parent's."""
+    return hash((parent, tuple(token_ids)))
+
+
+def prompt_chain_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
+    """The controller's chain hashes of a prompt's full blocks, in order (a trailing
+    partial block has none, as in vLLM)."""
+    if block_size < 1:
+        raise ValueError("block_size must be positive")
+    tokens = tuple(token_ids)
+    out: list[int] = []
+    parent = ROOT_HASH
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = hash((parent, tokens[start:start + block_size]))
+        out.append(parent)
+    return out
+
+
+def _sha256(obj: Any) -> bytes:
+    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+def _sha256_cbor(obj: Any) -> bytes:
+    import cbor2  # vLLM's dependency; needed only to mimic this algorithm
+
+    return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+
+
+def _xxhash(obj: Any) -> bytes:
+    import xxhash  # optional in vLLM too
+
+    return bytes(xxhash.xxh3_128_digest(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)))
+
+
+def _xxhash_cbor(obj: Any) -> bytes:
+    import cbor2
+    import xxhash
+
+    return bytes(xxhash.xxh3_128_digest(cbor2.dumps(obj, canonical=True)))
+
+
+_VLLM_FNS: dict[str, Callable[[Any], bytes]] = {
+    "sha256": _sha256, "sha256_cbor": _sha256_cbor, "xxhash": _xxhash,
+    "xxhash_cbor": _xxhash_cbor,
+}
+
+
+def vllm_none_hash_seed(algo: str = "sha256", env: dict[str, str] | None = None) -> str | None:
+    """The seed vLLM derives ``NONE_HASH`` from for an engine started with ``env``; ``None``
+    when it is random per process (xxhash without ``PYTHONHASHSEED``): then no one outside
+    the engine can compute its hashes."""
+    seed = (os.environ if env is None else env).get("PYTHONHASHSEED")
+    if seed is not None:
+        return seed
+    return None if algo.startswith("xxhash") else VLLM_DEFAULT_SEED
+
+
+def vllm_block_hashes(token_ids: Sequence[int], block_size: int, *, algo: str = "sha256",
+                      seed: str = VLLM_DEFAULT_SEED) -> list[bytes]:
+    """vLLM's block hashes (the full bytes) of the full blocks of ``token_ids`` for a
+    request without LoRA, multimodal input, cache salt or prompt embeddings."""
+    try:
+        fn = _VLLM_FNS[algo]
+    except KeyError:
+        raise ValueError(f"unknown prefix-caching hash algorithm {algo!r}") from None
+    parent = fn(seed)
+    out: list[bytes] = []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = fn((parent, tuple(token_ids[start:start + block_size]), None))
+        out.append(parent)
+    return out
+
+
+def vllm_external_hash(block_hash: bytes, as_int: bool = True) -> bytes | int:
+    """A hash as vLLM's events carry it (``maybe_convert_block_hash``)."""
+    if not as_int:
+        return block_hash
+    return int.from_bytes(block_hash, "big") & ((1 << 64) - 1)
