@@ -254,13 +254,19 @@ def _path(c: Columns, mask: np.ndarray) -> dict[str, Any]:
             "retries": int(mine.col("retries").sum()), "ttft_ms": ttft, "transfer_ms": transfer}
 
 
+def bucket_grid(window_s: float, step_s: float, now: float) -> tuple[float, int]:
+    """``(first bucket's start, buckets)`` of a time series of ``step_s`` buckets ending at
+    ``now`` and covering ``window_s`` (``/timeseries``, ``/utilization``)."""
+    n = max(1, math.ceil(window_s / step_s))
+    return now - n * step_s, n
+
+
 def timeseries(records: Columns | list[RequestRecord], window_s: float, step_s: float,
                now: float) -> list[dict[str, Any]]:
     """Per-``step_s`` buckets over the last ``window_s`` seconds, oldest first: request rate,
     paths, errors, TTFT percentiles, mean TTFT parts (for stacking) and KV bandwidth."""
     c = _as_columns(records)
-    n = max(1, math.ceil(window_s / step_s))
-    start = now - n * step_s
+    start, n = bucket_grid(window_s, step_s, now)
     k = np.floor((c.col("started_at") - start) / step_s).astype(int)
     order = np.argsort(k, kind="stable")
     k = k[order]

@@ -11,13 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Literal
 
 import pandas as pd
 
 from dashboard.frames import PART_LABELS, PARTS, change_in_words
-from dashboard.ui.figures import fmt_ms
+from dashboard.ui.figures import clock, fmt_ms
 from pdctl_api.schema import EventPublic, StatsPublic
 
 CONFIG_KINDS = ("pool.update", "routing.update", "targets.update", "planner.update")
@@ -106,13 +105,13 @@ def instance_incidents(events: Iterable[EventPublic], since: float, until: float
         if e.kind == "instance.failed":
             new = starting.get(by_replacement.get(e.target, -1))
             after = ("; no replacement yet" if new is None else
-                     f"; replaced by {new}, ready at {_clock(ready_at[new])}" if new in ready_at
+                     f"; replaced by {new}, ready at {clock(ready_at[new])}" if new in ready_at
                      else f"; replacement {new} starting")
             out.append(Incident(e.ts, "error", e.target, f"**{e.target} failed** at "
-                                f"{_clock(e.ts)}: {e.detail or 'no reason recorded'}{after}"))
+                                f"{clock(e.ts)}: {e.detail or 'no reason recorded'}{after}"))
         elif e.kind == "pool.quarantined":
             out.append(Incident(e.ts, "error", f"{e.target} pool",
-                                f"**{e.target} pool quarantined** at {_clock(e.ts)}: "
+                                f"**{e.target} pool quarantined** at {clock(e.ts)}: "
                                 f"{e.detail or ''}"))
     return sorted(out, key=lambda i: -i.at)
 
@@ -129,7 +128,7 @@ def alert_incidents(alerts: Iterable[dict[str, Any]]) -> list[Incident]:
         shown = "" if value is None else f" (value {value:.4g})"
         sev: Severity = "warning" if labels.get("severity") in ("warning", "info") else "error"
         out.append(Incident(at, sev, name, f"**Prometheus alert {name}** firing since "
-                            f"{_clock(at)}{shown}, severity {labels.get('severity', '?')}"))
+                            f"{clock(at)}{shown}, severity {labels.get('severity', '?')}"))
     return out
 
 
@@ -175,7 +174,3 @@ def growth_incident(g: PartGrowth, window_s: float, at: float) -> Incident:
                     f"**{PART_LABELS[g.part]} grew most**: mean {fmt_ms(g.now_ms)} against "
                     f"{fmt_ms(g.before_ms)} in the previous {window_s:g} s "
                     f"(+{fmt_ms(g.grew_ms)})")
-
-
-def _clock(ts: float) -> str:
-    return datetime.fromtimestamp(ts).strftime("%H:%M:%S")

@@ -14,6 +14,7 @@ import altair as alt
 import pandas as pd
 
 from dashboard import altair_speed
+from dashboard.charts import TIME
 from pdctl_api.schema import InstanceLoadPublic, LoadSeriesPublic, Role, UtilizationPublic
 
 altair_speed.install()
@@ -23,7 +24,6 @@ PERCENT_TIP = ".1%"
 POOL_LINE = "pool"  # the pool's own series among its instances' lines
 POOL_COLOR = "#333333"
 LOAD_HEIGHT = 280  # the whole chart: its legend below takes ~70 px of it
-TIME_AXIS = alt.X("time:T", title=None, axis=alt.Axis(format="%H:%M:%S"))
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def load_chart(df: pd.DataFrame, metric: str, title: str | None = None) -> alt.C
     colors = [LINE_COLORS[k % len(LINE_COLORS)] for k in range(len(names))]
     pool = alt.datum.series == POOL_LINE
     return alt.Chart(df, height=LOAD_HEIGHT).mark_line(point=alt.OverlayMarkDef(size=12)).encode(
-        x=TIME_AXIS, y=_axis(q, title),
+        x=TIME, y=_axis(q, title),
         color=alt.Color("series:N", title="instance", sort=[*names, POOL_LINE],
                         scale=alt.Scale(domain=[*names, POOL_LINE],
                                         range=[*colors, POOL_COLOR]),
@@ -191,7 +191,7 @@ def instance_chart(df: pd.DataFrame, unit: str) -> alt.Chart:
     percent = unit.startswith("percent")
     fmt, tip = (PERCENT, PERCENT_TIP) if percent else (",.1f", ",.1f")
     return alt.Chart(df, height=LOAD_HEIGHT - 40).mark_line(point=True).encode(
-        x=TIME_AXIS,
+        x=TIME,
         y=alt.Y("value:Q", title=unit, scale=alt.Scale(domainMin=0),
                 axis=alt.Axis(format=fmt) if percent else alt.Axis()),
         color=alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom")),

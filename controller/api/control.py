@@ -218,6 +218,15 @@ async def get_stats(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)
     return stats_view(st, window_s, end)
 
 
+MAX_BUCKETS = 2000  # of a time series (/timeseries, /utilization)
+
+
+def check_buckets(window_s: float, step_s: float, field: str | None = None) -> None:
+    """Refuse a time series of more than ``MAX_BUCKETS`` buckets (``field``: the one named)."""
+    if window_s / step_s > MAX_BUCKETS:
+        raise InvalidChange(f"window_s / step_s must be at most {MAX_BUCKETS} buckets", field)
+
+
 @control_routes.get("/timeseries", response_model=TimeseriesPublic)
 async def get_timeseries(st: State,
                          window_s: Annotated[float, Query(gt=0, le=86_400)] = 300.0,
@@ -225,8 +234,7 @@ async def get_timeseries(st: State,
                          end: Annotated[float | None, Query(gt=0, le=1e11, description=(
                              "the window's end, unix seconds (default: now)"))] = None
                          ) -> TimeseriesPublic:
-    if window_s / step_s > 2000:
-        raise InvalidChange("window_s / step_s must be at most 2000 buckets")
+    check_buckets(window_s, step_s)
     return timeseries_view(st, window_s, step_s, end)
 
 

@@ -11,9 +11,8 @@ from typing import Annotated
 import numpy as np
 from fastapi import APIRouter, Depends, Query, Security
 
-from controller.api.control import BEARER, ERRORS, State, known_query
+from controller.api.control import BEARER, ERRORS, State, check_buckets, known_query
 from controller.api.state import AppState
-from controller.errors import InvalidChange
 from controller.planner.capacity import profile_capacities
 from controller.planner.profile import profile_key
 from controller.planner.utilization import (
@@ -21,12 +20,11 @@ from controller.planner.utilization import (
     NUMBERS,
     Seen,
     TokenWork,
-    grid,
     utilization_json,
 )
+from controller.requests_log import bucket_grid
 from pdctl_api.schema import UtilizationPublic
 
-MAX_BUCKETS = 2000
 utilization_routes = APIRouter(prefix="/api/v1",
                                dependencies=[Security(BEARER), Depends(known_query)],
                                responses=ERRORS)
@@ -41,16 +39,14 @@ async def get_utilization(st: State,
                           ) -> UtilizationPublic:
     """Per instance seen in the window (live or ended) and per pool, in ``/timeseries``'s
     buckets: running, waiting, KV cache usage, prompt and output tokens/s, utilization."""
-    if window_s / step_s > MAX_BUCKETS:
-        raise InvalidChange(f"window_s / step_s must be at most {MAX_BUCKETS} buckets",
-                            "step_s")
+    check_buckets(window_s, step_s, "step_s")
     return utilization_view(st, window_s, step_s, end)
 
 
 def utilization_view(st: AppState, window_s: float, step_s: float, end: float | None
                      ) -> UtilizationPublic:
     now = time.time() if end is None else min(end, time.time())  # as ``timeseries_view``
-    start, _ = grid(window_s, step_s, now)
+    start, _ = bucket_grid(window_s, step_s, now)
     history = st.fleet.load_history
     work = token_work(st, now - start + LOOKBACK_S, now)
     seen = {iid: Seen(role, tp) for iid, (role, tp) in history.seen.items()}

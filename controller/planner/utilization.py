@@ -32,16 +32,11 @@ import numpy as np
 from controller.fleet.history import LoadSamples
 from controller.models import RequestPath, RequestRecord, Role
 from controller.planner.capacity import CapacityOf, TokenCapacity
+from controller.requests_log import bucket_grid
 from controller.sizing.advisor import DEFAULT_ISL, DEFAULT_OSL
 
 LOOKBACK_S = 600.0  # requests started this long before the window may still add tokens to it
 NAN = float("nan")
-
-
-def grid(window_s: float, step_s: float, now: float) -> tuple[float, int]:
-    """``(first bucket's start, buckets)``, exactly as ``requests_log.timeseries`` lays them."""
-    n = max(1, math.ceil(window_s / step_s))
-    return now - n * step_s, n
 
 
 # ---- tokens ------------------------------------------------------------------------------
@@ -354,7 +349,7 @@ def utilization_json(samples: LoadSamples, records: Iterable[RequestRecord] | To
                      step_s: float, now: float, time_scale: float, itl_ms: float
                      ) -> dict[str, Any]:
     """The whole answer of ``/api/v1/utilization`` (``UtilizationPublic``'s fields)."""
-    start, n = grid(window_s, step_s, now)
+    start, n = bucket_grid(window_s, step_s, now)
     work = records if isinstance(records, TokenWork) else TokenWork.of(records)
     instances, pools = instance_lines(samples, work, seen, capacity, start, step_s, n,
                                       time_scale)

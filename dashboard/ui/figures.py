@@ -1,8 +1,10 @@
-"""How a figure reads on a page: milliseconds, bytes, and what a window's rates divide by.
+"""How a figure reads on a page: a time of day, milliseconds, bytes, and what a window's rates
+divide by.
 No Streamlit."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from pdctl_api.schema import StatsPublic
@@ -13,6 +15,11 @@ def fmt_bytes(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{n:.0f} B"
+
+
+def clock(ts: float) -> str:
+    """A unix time as the pages read it: local ``HH:MM:SS``."""
+    return datetime.fromtimestamp(ts).strftime("%H:%M:%S")
 
 
 def fmt_ms(ms: Any) -> str:

@@ -9,7 +9,8 @@ import pandas as pd
 
 from dashboard import timeline
 from dashboard.ui import errors, reads
-from dashboard.ui.timerange import TimeRange, clock
+from dashboard.ui.figures import clock
+from dashboard.ui.timerange import TimeRange
 
 MARK_EVENTS = 500  # audit events read for one range's marks
 LEGEND = ("marks: green a change, red a failure, orange a drain, blue an instance starting")

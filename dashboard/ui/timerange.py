@@ -11,13 +11,11 @@ from datetime import time as day_time
 
 import streamlit as st
 
+from dashboard.ui.figures import clock
+
 WINDOW_CHOICES = {"1 min": 60.0, "5 min": 300.0, "15 min": 900.0, "1 h": 3600.0}
 CUSTOM = "Custom range"
 MAX_RANGE_S = 86_400.0  # the API's longest window
-
-
-def clock(ts: float) -> str:
-    return datetime.fromtimestamp(ts).strftime("%H:%M:%S")
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ import streamlit as st
 from dashboard import charts, frames, health, prom, timeline
 from dashboard.config import RECENT_LIMIT, step_for
 from dashboard.ui import alerts, errors, marks, plot, prom_reads, reads, tables
-from dashboard.ui.figures import fmt_ms, rate_basis
+from dashboard.ui.figures import clock, fmt_ms, rate_basis
 from dashboard.ui.session import client
 from dashboard.ui.sidebar import run_every
-from dashboard.ui.timerange import clock, time_range
+from dashboard.ui.timerange import time_range
 
 st.title("Overview")
 st.caption(f"{time_range().label()} · from `/api/v1/stats`, `/api/v1/timeseries`, "

@@ -13,10 +13,11 @@ import streamlit as st
 from dashboard import changes, charts, planner_view
 from dashboard.client import ApiError
 from dashboard.ui import alerts, errors, marks, plot
+from dashboard.ui.figures import clock
 from dashboard.ui.reads import forget_reads, may_change
 from dashboard.ui.session import client
 from dashboard.ui.sidebar import run_every
-from dashboard.ui.timerange import clock, time_range
+from dashboard.ui.timerange import time_range
 from pdctl_api.schema import PlannerMode, PlannerPublic, PredictorName, Role
 
 PLANNER_PASSES = 720  # planner passes read: the API's most; the page shows those in its window

@@ -11,11 +11,11 @@ import streamlit as st
 from dashboard import changes, charts, frames, integrity, review
 from dashboard import utilization as load
 from dashboard.ui import errors, marks, plot, reads, tables
-from dashboard.ui.figures import fmt_ms
+from dashboard.ui.figures import clock, fmt_ms
 from dashboard.ui.session import client
 from dashboard.ui.sidebar import run_every
 from dashboard.ui.tables import number_columns, text_columns
-from dashboard.ui.timerange import clock, time_range
+from dashboard.ui.timerange import time_range
 from pdctl_api.schema import InstancePublic, QuarantinePublic, Role, UtilizationPublic
 from pdctl_api.stats import quantile
 

@@ -13,10 +13,10 @@ import streamlit as st
 
 from dashboard import charts, frames, prom, whatif
 from dashboard.ui import alerts, errors, marks, plot, prom_reads, reads, tables
-from dashboard.ui.figures import fmt_bytes, fmt_ms, rate_basis
+from dashboard.ui.figures import clock, fmt_bytes, fmt_ms, rate_basis
 from dashboard.ui.sidebar import run_every
 from dashboard.ui.tables import number_columns, text_columns
-from dashboard.ui.timerange import TimeRange, clock, time_range
+from dashboard.ui.timerange import TimeRange, time_range
 from pdctl_api import profiles
 from pdctl_api.schema import ClusterPublic, Role, StatsPublic
 

@@ -25,8 +25,8 @@ from controller.fleet.reconcile import Capacity, FleetState, Member, Start, reco
 from controller.models import Instance, InstanceState, PoolTarget, RequestPath, RequestRecord, Role
 from controller.planner.capacity import profile_capacities
 from controller.planner.profile import ProfileIndex, profile_key
-from controller.planner.utilization import Seen, grid, utilization_json
-from controller.requests_log import stats, timeseries
+from controller.planner.utilization import Seen, utilization_json
+from controller.requests_log import bucket_grid, stats, timeseries
 from controller.sizing import advisor, fit
 from dashboard.client import ControllerClient
 from pdctl_api import profiles
@@ -259,7 +259,7 @@ class FakeController:
     def utilization(self, window: float, step: float, now: float) -> dict[str, Any]:
         """The controller's own computation over ``load_samples``, or, by default, each live
         instance polled once per bucket at the load it shows now."""
-        start, n = grid(window, step, now)
+        start, n = bucket_grid(window, step, now)
         samples = self.load_samples or LoadSamples.of(
             (start + (k + 0.5) * step, i.id, i.running, i.waiting, i.kv_usage)
             for i in self.instances if not i.state.terminal for k in range(n))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 import pandas as pd
@@ -14,6 +15,7 @@ from streamlit.testing.v1 import AppTest
 
 from controller.fleet.guard import Quarantine
 from controller.models import Role
+from dashboard.ui import timerange
 from tests.dashboard.fake import FakeController
 
 Console = Callable[..., AppTest]
@@ -61,6 +63,17 @@ def chart_edges(chart: Any) -> tuple[float, float]:
 def chart_frames(chart: Any) -> list[pd.DataFrame]:
     """The data of every dataset a chart carries (Streamlit sends them as Arrow)."""
     return [pa.ipc.open_stream(d.data.data).read_pandas() for d in chart.proto.datasets]
+
+
+def choose_range(at: AppTest, around: float, minutes: int = 2) -> datetime:
+    """In the sidebar, the custom range of ``minutes`` from the whole minute a minute before
+    ``around`` (unix s); its start."""
+    by_label(at.selectbox, "Window").set_value(timerange.CUSTOM).run()
+    start = datetime.fromtimestamp(around - 60).replace(second=0, microsecond=0)
+    by_label(at.date_input, "Day").set_value(start.date())
+    by_label(at.time_input, "From").set_value(start.time())
+    by_label(at.time_input, "To").set_value((start + timedelta(minutes=minutes)).time()).run()
+    return start
 
 
 def quarantine_decode(fake: FakeController, remaining_s: float = 95.0) -> None:

@@ -4,14 +4,12 @@ sidebar's window or range."""
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
 
-from dashboard.ui import timerange
 from tests.dashboard.fake import FakeController, make_records
-from tests.dashboard.page_helpers import Console, by_label, no_exceptions, texts
+from tests.dashboard.page_helpers import Console, by_label, choose_range, no_exceptions, texts
 
 
 def test_advisor_what_if(console: Console, fake: FakeController) -> None:
@@ -46,11 +44,7 @@ def test_the_advice_follows_the_window(console: Console, fake: FakeController) -
     assert "From the 300 requests that started in the last 300 s" in texts(at.caption)
     by_label(at.selectbox, "Window").set_value("1 h").run()
     assert by_label(at.metric, "Requests observed").value == "600"
-    by_label(at.selectbox, "Window").set_value(timerange.CUSTOM).run()
-    start = datetime.fromtimestamp(then - 60).replace(second=0, microsecond=0)
-    by_label(at.date_input, "Day").set_value(start.date())
-    by_label(at.time_input, "From").set_value(start.time())
-    by_label(at.time_input, "To").set_value((start + timedelta(minutes=2)).time()).run()
+    choose_range(at, then)
     no_exceptions(at)
     assert by_label(at.metric, "Requests observed").value == "300"
     assert "From the 300 requests that started between " in texts(at.caption)

@@ -20,6 +20,7 @@ from tests.dashboard.page_helpers import (
     by_label,
     chart_edges,
     chart_frames,
+    choose_range,
     frame_with,
     marks,
     no_exceptions,
@@ -88,11 +89,7 @@ def test_a_custom_range_shows_that_range_and_no_other(console: Console,
     then = time.time() - 3600  # 300 requests an hour ago (transfer 50 ms), 100 now (5 ms)
     fake.records = make_records(300, transfer_ms=50.0, now=then) + make_records(100)
     at = console(fake)
-    by_label(at.selectbox, "Window").set_value(timerange.CUSTOM).run()
-    start = datetime.fromtimestamp(then - 60).replace(second=0, microsecond=0)
-    by_label(at.date_input, "Day").set_value(start.date())
-    by_label(at.time_input, "From").set_value(start.time())
-    by_label(at.time_input, "To").set_value((start + timedelta(minutes=2)).time()).run()
+    start = choose_range(at, then)
     no_exceptions(at)
     assert "a fixed range" in texts(at.caption)
     rate = by_label(at.metric, "Request rate")

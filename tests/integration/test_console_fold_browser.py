@@ -6,29 +6,19 @@ fold: they had to scroll to find it). Saves a screenshot to ``artifacts/screensh
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import ControllerProc, start_controller
+from tests.integration.harness import ControllerProc
 from tests.integration.test_cockpit_browser import browser, choose, open_page
-from tests.integration.test_console_browser import SHOTS, console
+from tests.integration.test_console_browser import SHOTS, console, controller
 
-__all__ = ["console"]  # the fixture, on this module's controller
+__all__ = ["console", "controller"]  # the fixtures
 
 pytestmark = pytest.mark.slow
 
 CONFIRM_TITLE = re.compile(r"^Confirm( a disruptive change)? — ")
-
-
-@pytest.fixture
-def controller(tmp_path: Path) -> Iterator[ControllerProc]:
-    ctl = start_controller(tmp_path)
-    try:
-        yield ctl
-    finally:
-        ctl.stop()
 
 
 def test_the_confirmation_shows_where_the_review_button_was_pressed(

@@ -16,17 +16,22 @@ import re
 import signal
 import statistics
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.harness import ControllerProc, Load, start_controller
-from tests.integration.test_cockpit_browser import browser, open_page, open_select, shoot
+from tests.integration.harness import ControllerProc, Load
+from tests.integration.test_cockpit_browser import (
+    browser,
+    controller,
+    open_page,
+    open_select,
+    shoot,
+)
 from tests.integration.test_console_browser import SHOTS, console
 
-__all__ = ["console"]  # the fixture, on this module's controller
+__all__ = ["console", "controller"]  # the fixtures: a decode pool of two
 
 pytestmark = pytest.mark.slow
 TRIES = 5  # settle times measured per page (their median is reported)
@@ -41,15 +46,6 @@ SETTLED = """name => {
     && document.querySelector('[data-testid="stSkeleton"]') === null
     && document.querySelector('[data-testid="stStatusWidget"]') === null;
 }"""
-
-
-@pytest.fixture
-def controller(tmp_path: Path) -> Iterator[ControllerProc]:
-    ctl = start_controller(tmp_path, {"pools": {"decode": {"size": 2}}})
-    try:
-        yield ctl
-    finally:
-        ctl.stop()
 
 
 def kill_a_decode_engine(controller: ControllerProc) -> str:

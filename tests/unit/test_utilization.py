@@ -14,20 +14,19 @@ import pytest
 from controller.config import load_settings
 from controller.fleet import build_fleet
 from controller.fleet.history import LoadHistory, LoadSamples
-from controller.launchers.base import Launched, Launcher, LaunchSpec
 from controller.models import Instance, InstanceState, RequestPath, RequestRecord, Role
 from controller.planner.capacity import profile_capacities, profile_capacity
 from controller.planner.profile import DecodePoint, PerfProfile, PrefillPoint, ProfileIndex
 from controller.planner.utilization import (
     Seen,
     TokenWork,
-    grid,
     instance_lines,
     spread,
     utilization_json,
 )
-from controller.requests_log import timeseries
+from controller.requests_log import bucket_grid, timeseries
 from controller.store import Store
+from tests.unit.api_app import NoLauncher
 
 # One instance prefills 10,000 prompt tokens/s at 1,000-token prompts; decoding 1,000-token
 # contexts, 10 sequences at 20 ms ITL (500 tokens/s) is the best within a 50 ms target.
@@ -61,7 +60,7 @@ def polls(rows: dict[str, tuple[range, float]]) -> LoadSamples:
 def lines(samples: LoadSamples, records: list[RequestRecord], now: float = 1020.0,
           window: float = 20.0, step: float = 5.0, scale: float = 1.0
           ) -> tuple[dict[str, dict], dict[Role, dict]]:
-    start, n = grid(window, step, now)
+    start, n = bucket_grid(window, step, now)
     inst, pools = instance_lines(samples, TokenWork.of(records), SEEN, CAPACITY, start, step,
                                  n, scale)
     return {x["id"]: x for x in inst}, pools
@@ -69,7 +68,7 @@ def lines(samples: LoadSamples, records: list[RequestRecord], now: float = 1020.
 
 def test_the_buckets_are_the_timeseries_buckets() -> None:
     for window, step, now in ((20.0, 5.0, 1020.0), (22.0, 5.0, 1020.0), (60.0, 7.0, 1e9)):
-        start, n = grid(window, step, now)
+        start, n = bucket_grid(window, step, now)
         assert [start + k * step for k in range(n)] == [
             b["t"] for b in timeseries([], window, step, now)]
 
@@ -225,16 +224,6 @@ def test_the_history_is_a_bounded_ring() -> None:
     assert h.seen["decode-1"] == (Role.DECODE, 2)
 
 
-class _NoLauncher(Launcher):
-    name = "none"
-
-    async def start(self, spec: LaunchSpec) -> Launched:
-        raise AssertionError("nothing starts here")
-
-    async def stop(self, launched: Launched, grace_s: float = 5.0) -> None:
-        return None
-
-
 async def test_each_poll_of_the_engines_is_kept(tmp_path: Path) -> None:
     def engine(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, text="vllm:num_requests_running 3\n"
@@ -242,7 +231,7 @@ async def test_each_poll_of_the_engines_is_kept(tmp_path: Path) -> None:
                                         "vllm:kv_cache_usage_perc 0.5\n")
 
     settings = load_settings(None, controller={"state_dir": tmp_path})
-    fleet, _ = build_fleet(settings, Store(tmp_path / "state.db"), _NoLauncher(),
+    fleet, _ = build_fleet(settings, Store(tmp_path / "state.db"), NoLauncher(),
                            httpx.AsyncClient(transport=httpx.MockTransport(engine)))
     inst = Instance("decode-2", Role.DECODE, 2, "http://e2", state=InstanceState.STARTING)
     fleet.registry.add(inst, "test")
