@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -106,6 +106,26 @@ class AdmissionCollector(Collector):
                                 "(routing.prefill_max_inflight)", value=self._prefill_waiting())
 
 
+class IndexCollector(Collector):
+    """The block index's state per instance, read at scrape time."""
+
+    def __init__(self, states: Callable[[], Iterable[tuple[str, bool, int]]]) -> None:
+        self._states = states
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        healthy = GaugeMetricFamily(
+            "pdctl_kv_index_healthy", "1 when the controller's block index of the instance is "
+            "up to date with its KV events; 0 when stale or when it publishes none (then "
+            "cache-aware routing treats it by load)", labels=["instance"])
+        blocks = GaugeMetricFamily("pdctl_kv_index_blocks", "Prefix blocks the block index "
+                                   "holds for the instance", labels=["instance"])
+        for inst, ok, n in self._states():
+            healthy.add_metric([inst], 1.0 if ok else 0.0)
+            blocks.add_metric([inst], float(n))
+        yield healthy
+        yield blocks
+
+
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -143,6 +163,12 @@ class Metrics:
         self._parts = [(f"{name}_ms", self.component.labels(name)) for name in PARTS]
         self.gaps = GapHistogram()
         r.register(self.gaps)
+        self.prefix_cache_tokens = Counter(
+            "pdctl_prefix_cache_tokens", "Prompt tokens of the requests each instance computed "
+            "(kind=prompt), of those the router predicted it held in its prefix cache "
+            "(kind=predicted, from the engines' KV events) and of those the engine reported "
+            "served from it (kind=reported); drift: predicted against reported",
+            ["instance", "kind"], registry=r)
         self.planner_recommended = Gauge(
             "pdctl_planner_recommended_instances", "The SLA planner's recommended pool size "
             "(advisory and apply modes; absent when the planner is off)", ["role"], registry=r)
@@ -166,3 +192,21 @@ class Metrics:
         if rec.kv_bytes:
             self.kv_bytes.inc(rec.kv_bytes)
             self.kv_seconds.observe(rec.transfer_ms / 1e3)
+        if rec.cached_tokens_predicted is not None or rec.cached_tokens is not None:
+            self._observe_cache(rec)
+
+    def _observe_cache(self, rec: RequestRecord) -> None:
+        inst = rec.prefill_instance if rec.path.value == "disaggregated" else rec.decode_instance
+        if inst is None:
+            return
+        tokens = self.prefix_cache_tokens
+        tokens.labels(inst, "prompt").inc(rec.prompt_tokens)
+        if rec.cached_tokens_predicted is not None:
+            tokens.labels(inst, "predicted").inc(rec.cached_tokens_predicted)
+        if rec.cached_tokens is not None:
+            tokens.labels(inst, "reported").inc(rec.cached_tokens)
+
+    def attach_kv_index(self, states: Callable[[], Iterable[tuple[str, bool, int]]]) -> None:
+        """Per-instance gauges of the KV block index: ``states()`` yields (instance,
+        up to date, blocks held)."""
+        self.registry.register(IndexCollector(states))

@@ -120,6 +120,13 @@ class RequestRecord:
     gap_p99_ms: float = 0.0
     gap_max_ms: float = 0.0
     gaps: int = 0
+    # Prompt tokens served from the prefix cache of the instance that computed the prompt:
+    # as the router predicted from the engines' KV events (None: no pool routes by cache),
+    # and as the engine reported (None: it reports none). On the disaggregated path, also
+    # what the decode instance held (its KV was not pulled for those tokens).
+    cached_tokens_predicted: int | None = None
+    cached_tokens: int | None = None
+    decode_cached_tokens_predicted: int | None = None
 
     def public(self) -> dict[str, Any]:
         return {
@@ -148,4 +155,7 @@ class RequestRecord:
             "suspect": self.suspect,
             "gap_p99_ms": self.gap_p99_ms,
             "gap_max_ms": self.gap_max_ms,
+            "cached_tokens_predicted": self.cached_tokens_predicted,
+            "cached_tokens": self.cached_tokens,
+            "decode_cached_tokens_predicted": self.decode_cached_tokens_predicted,
         }

@@ -11,6 +11,7 @@ model's chat template, so a chat prompt's count is a close estimate, not exact.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,6 +23,25 @@ def estimate_tokens(text: str) -> int:
     if not text:
         return 0
     return max(1, math.ceil(len(text.encode("utf-8")) / BYTES_PER_TOKEN))
+
+
+def estimate_token_ids(text: str) -> list[int]:
+    """Token ids of the fallback count: each 4-byte piece of the UTF-8 text is one token, its
+    id the piece's bytes as a little-endian integer (the last piece zero-padded). As many ids
+    as ``estimate_tokens`` counts, and two texts share leading ids exactly where they share
+    leading 4-byte pieces: what the simulated engine caches prefixes by, and what the router
+    predicts its hits from."""
+    data = text.encode("utf-8")
+    if not data:
+        return []
+    pad = -len(data) % BYTES_PER_TOKEN
+    if pad:
+        data += b"\0" * pad
+    return memoryview(data).cast("I").tolist() if _LITTLE else [
+        int.from_bytes(data[i:i + 4], "little") for i in range(0, len(data), 4)]
+
+
+_LITTLE = sys.byteorder == "little"
 
 
 def _content_text(content: Any) -> str:
@@ -64,6 +84,10 @@ class TokenCounter(Protocol):
 
     def count(self, body: dict[str, Any]) -> int: ...
 
+    def token_ids(self, body: dict[str, Any]) -> list[int]:
+        """The prompt's token ids as this counter counts them (``len`` is ``count``)."""
+        ...
+
 
 class EstimatingCounter:
     """Counts with the byte-length fallback."""
@@ -76,6 +100,10 @@ class EstimatingCounter:
     def count(self, body: dict[str, Any]) -> int:
         prompt = prompt_of(body)
         return len(prompt) if isinstance(prompt, list) else estimate_tokens(prompt)
+
+    def token_ids(self, body: dict[str, Any]) -> list[int]:
+        prompt = prompt_of(body)
+        return prompt if isinstance(prompt, list) else estimate_token_ids(prompt)
 
 
 class TokenizerCounter:
@@ -95,6 +123,12 @@ class TokenizerCounter:
         if isinstance(prompt, list):
             return len(prompt)
         return len(self._tok.encode(prompt, add_special_tokens=True).ids) if prompt else 0
+
+    def token_ids(self, body: dict[str, Any]) -> list[int]:
+        prompt = prompt_of(body)
+        if isinstance(prompt, list):
+            return prompt
+        return list(self._tok.encode(prompt, add_special_tokens=True).ids) if prompt else []
 
 
 def make_counter(model_dir: Path | None, backend: str = "external") -> TokenCounter:

@@ -8,6 +8,7 @@ and the advisor all use these functions, so a number is defined once.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -95,6 +96,26 @@ MODELS: dict[str, ModelProfile] = {
                      llama_params(32, 4096, 32, 8, 128, 14336, 128256)),
         ModelProfile("llama-3-70b", 80, 8192, 64, 8, 128, 28672, 128256,
                      llama_params(80, 8192, 64, 8, 128, 28672, 128256)),
+        # Llama 3.1: the Llama 3 architecture with llama3 RoPE scaling (factor 8 over the
+        # original 8,192 positions) to 131,072 tokens of context. Numbers from the released
+        # config.json files (meta-llama/Llama-3.1-{8B,70B,405B}[-Instruct]: hidden_size,
+        # num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
+        # intermediate_size, vocab_size, max_position_embeddings) and the Llama 3 paper
+        # (arXiv 2407.21783, table 3). Weights and KV in BF16 like the Llama 3 presets; the
+        # RoPE scaling changes no count the roofline uses.
+        ModelProfile("llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256,
+                     llama_params(32, 4096, 32, 8, 128, 14336, 128256),
+                     max_model_len=131072),
+        ModelProfile("llama-3.1-70b", 80, 8192, 64, 8, 128, 28672, 128256,
+                     llama_params(80, 8192, 64, 8, 128, 28672, 128256),
+                     max_model_len=131072),
+        # 405B: 8 KV heads (the first upload's config.json said 16; Meta corrected it to the
+        # paper's 8). ~406e9 parameters, 812 GB in BF16: it fits 8 x H200 with room for a
+        # 128k sequence, but no single H100 or A100 node (that takes Meta's FP8 variant,
+        # which this BF16 profile does not model).
+        ModelProfile("llama-3.1-405b", 126, 16384, 128, 8, 128, 53248, 128256,
+                     llama_params(126, 16384, 128, 8, 128, 53248, 128256),
+                     max_model_len=131072),
         # The generated lab model (``pdctl make-model``): a tiny Llama.
         ModelProfile("lab-tiny", 4, 256, 4, 2, 64, 512, 640,
                      llama_params(4, 256, 4, 2, 64, 512, 640), max_model_len=2048),
@@ -133,6 +154,22 @@ def model(name: str) -> ModelProfile:
     p = lookup(MODELS, "model", name)  # type: ignore[arg-type]
     assert isinstance(p, ModelProfile)
     return p
+
+
+def with_context(m: ModelProfile, max_model_len: int | None) -> ModelProfile:
+    """``m`` served with a context of ``max_model_len`` tokens (vLLM's ``--max-model-len``);
+    ``m`` itself when None. Raises ``ValueError`` above the model's own context (its
+    ``max_model_len``, the positions it was trained for) or below one token."""
+    if max_model_len is None or max_model_len == m.max_model_len:
+        return m
+    if max_model_len < 1:
+        raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
+    if max_model_len > m.max_model_len:
+        raise ValueError(
+            f"max_model_len {max_model_len:,} exceeds {m.name}'s context of "
+            f"{m.max_model_len:,} tokens; choose a long-context model or at most "
+            f"{m.max_model_len}")
+    return dataclasses.replace(m, max_model_len=max_model_len)
 
 
 def link(name: str) -> LinkProfile:
@@ -230,13 +267,16 @@ def kv_capacity_tokens(m: ModelProfile, hw: HardwareProfile, tp: int,
 def fit_problem(m: ModelProfile, hw: HardwareProfile, tp: int,
                 utilization: float = GPU_MEMORY_UTILIZATION) -> str | None:
     """Why ``m`` at TP ``tp`` does not fit ``hw``, or None when weights and one full-length
-    sequence of KV cache fit in ``utilization`` of the accelerators' memory."""
+    sequence of KV cache fit in ``utilization`` of the accelerators' memory. Full length is
+    ``m.max_model_len``: pass ``with_context(m, n)`` for a model served with a shorter
+    context, as vLLM checks ``--max-model-len`` against the KV space at start."""
     need = m.weight_bytes + m.max_model_len * m.kv_bytes_per_token
     have = (hw.mem_bytes * utilization - ACTIVATION_RESERVE_BYTES) * tp
     if need <= have:
         return None
     return (
         f"{m.name} at TP={tp} needs {need / 1e9:.1f} GB (weights {m.weight_bytes / 1e9:.1f} GB + "
-        f"KV for one {m.max_model_len}-token sequence) but {tp} x {hw.name} offer "
-        f"{have / 1e9:.1f} GB at {utilization:.0%} memory utilization"
+        f"{m.max_model_len * m.kv_bytes_per_token / 1e9:.1f} GB of KV for one "
+        f"{m.max_model_len}-token sequence, its context max_model_len) but {tp} x {hw.name} "
+        f"offer {have / 1e9:.1f} GB at {utilization:.0%} memory utilization"
     )

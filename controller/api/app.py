@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from controller.api import control, data, utilization
+from controller.api import cache, control, data, utilization
 from controller.api.asgi import ASGIApp
 from controller.api.gate import ControlGate
 from controller.api.state import AppState
@@ -79,6 +79,11 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
     requests = RequestLog(settings.controller.request_buffer)
     proxy = Proxy(settings, table, upstream,
                   make_counter(settings.model.path, settings.backend), requests, metrics)
+    kv = fleet.registry.kv
+    if kv is not None:
+        metrics.attach_kv_index(lambda: [
+            (s.instance, bool(s.health and not s.health.stale), s.health.blocks if s.health
+             else 0) for s in kv.states([i.id for i in fleet.registry.serving()])])
     metrics.attach_admission(lambda: proxy.inflight, lambda: (
         table.settings.max_inflight, table.settings.max_inflight_per_instance),
         lambda: table.prefill_waiting)
@@ -115,6 +120,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.gather(*tasks, return_exceptions=True)
         await st.proxy.close()  # KV releases in flight still need their engines
         await st.fleet.shutdown()
+        if st.fleet.registry.kv is not None:
+            await st.fleet.registry.kv.close()
         prometheus.clear_targets(sd_file)
         await st.upstream.close()
         st.store.record("controller", "controller.stop", "controller")
@@ -186,4 +193,5 @@ def create_app(settings: Settings, launcher: Launcher | None = None) -> FastAPI:
     app.include_router(data.data_routes)
     app.include_router(control.control_routes)
     app.include_router(utilization.utilization_routes)
+    app.include_router(cache.cache_routes)
     return app

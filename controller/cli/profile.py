@@ -53,7 +53,8 @@ def add_profile_parser(sub: SubParsers) -> None:
     p.add_argument("--config", type=Path, help="YAML configuration (as the controller's)")
     p.add_argument("--backend", choices=["sim", "vllm"],
                    help="engine kind (default: the config's, else vllm: the CPU lab)")
-    p.add_argument("--model", help="sim: model profile name (default: the config's)")
+    p.add_argument("--model", help=f"sim: model profile name: {', '.join(sorted(profiles.MODELS))} "
+                                   "(default: the config's)")
     p.add_argument("--hardware", help="sim: accelerator profile name (default: the config's)")
     p.add_argument("--tp", type=int, default=1, help="tensor parallelism (default 1)")
     p.add_argument("--time-scale", type=float, default=0.5,
@@ -182,8 +183,10 @@ def run_profile(args: argparse.Namespace) -> int:
               "measure a running engine)", file=sys.stderr)
         return 2
     if settings.backend == "sim":
-        fit = profiles.fit_problem(profiles.model(settings.model.name),
-                                   settings.hardware.profile, args.tp)
+        fit = profiles.fit_problem(
+            profiles.with_context(profiles.model(settings.model.name),
+                                  settings.model.max_model_len),
+            settings.hardware.profile, args.tp)
         if fit:
             print(f"pdctl profile: {fit}", file=sys.stderr)
             return 2

@@ -41,6 +41,10 @@ class ModelSettings(Strict):
     name: str = Field("llama-3-70b", description="model profile (see pdctl_api.profiles)")
     served_name: str | None = Field(None, description="name clients use; default: name")
     path: Path | None = Field(None, description="model directory (config.json, tokenizer.json)")
+    max_model_len: int | None = Field(None, ge=16, description=(
+        "context the engines serve, prompt plus completion tokens (vLLM --max-model-len); "
+        "default: the model's own (its profile's or config.json's max_position_embeddings); "
+        "at most that. Memory is checked for one sequence of this length at every pool's TP"))
 
     @model_validator(mode="after")
     def _known(self) -> ModelSettings:

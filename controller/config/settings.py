@@ -74,13 +74,60 @@ class Settings(BaseSettings):
                 pool.size = len(pool.urls)
         return self
 
+    @model_validator(mode="after")
+    def _context(self) -> Settings:
+        """``model.max_model_len``: refused for external engines (they report their own) and
+        above the model's own context; for vLLM it is ``vllm.max_model_len`` (which, given
+        too, must agree)."""
+        want = self.model.max_model_len
+        if want is not None:
+            if self.backend == "external":
+                raise ValueError("model.max_model_len applies to engines pdctl starts; "
+                                 "external engines serve the context they were started with")
+            if self.backend == "vllm":
+                if self.vllm.max_model_len not in (None, want):
+                    raise ValueError(
+                        f"model.max_model_len {want} and vllm.max_model_len "
+                        f"{self.vllm.max_model_len} differ; give one")
+                self.vllm.max_model_len = want
+        try:
+            native = self._native_profile
+        except KeyError:  # no preset and no config.json: vLLM's own check applies
+            return self
+        try:
+            profiles.with_context(native, self._max_model_len)
+        except ValueError as exc:
+            where = "model.max_model_len" if want is not None else "vllm.max_model_len"
+            raise ValueError(f"{where}: {exc}") from None
+        return self
+
+    @property
+    def _native_profile(self) -> profiles.ModelProfile:
+        """The model at its own context: the simulator runs the preset of this name, vLLM
+        the model directory's config.json when there is one."""
+        if self.backend == "sim":
+            return profiles.model(self.model.name)
+        return model_profile_for(self.model)
+
+    @property
+    def _max_model_len(self) -> int | None:
+        """The configured context, or None for the model's own."""
+        if self.backend == "vllm":
+            return self.vllm.max_model_len or self.model.max_model_len
+        if self.backend == "sim":
+            return self.model.max_model_len
+        return None
+
     @property
     def model_profile(self) -> profiles.ModelProfile:
-        """The model as the engines run it (KV bytes follow the engines' dtype)."""
+        """The model as the engines run it: KV bytes follow the engines' dtype, and
+        ``max_model_len`` is the configured context (``model.max_model_len``) where given."""
         profile = model_profile_for(self.model)
         dtype = self.engine_dtype
         if dtype in DTYPE_BYTES:
             profile = dataclasses.replace(profile, dtype_bytes=DTYPE_BYTES[dtype])
+        if self._max_model_len is not None:  # checked against the native one at validation
+            profile = dataclasses.replace(profile, max_model_len=self._max_model_len)
         return profile
 
     @property
@@ -89,8 +136,8 @@ class Settings(BaseSettings):
         if self.backend == "external":
             return None
         if self.backend == "sim":  # the simulator runs the preset of this name
-            return profiles.model(self.model.name).max_model_len
-        return self.vllm.max_model_len or self.model_profile.max_model_len
+            return self.model.max_model_len or profiles.model(self.model.name).max_model_len
+        return self.model_profile.max_model_len
 
     @property
     def kv_block_size(self) -> int:

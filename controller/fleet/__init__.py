@@ -14,6 +14,7 @@ from controller.fleet.desired import Desired, capacity_of
 from controller.fleet.loop import Fleet
 from controller.fleet.observer import Observer
 from controller.fleet.registry import Registry
+from controller.kvevents.hub import KvEventsHub
 from controller.launchers.base import Launcher
 from controller.router.table import RoutingTable
 from controller.store import Store
@@ -26,7 +27,9 @@ def build_fleet(settings: Settings, store: Store, launcher: Launcher,
                 clock: Callable[[], float] = time.monotonic) -> tuple[Fleet, RoutingTable]:
     """A fleet and the routing table it keeps informed of each pool's ready instances."""
     table = RoutingTable(settings.routing, store, clock)
-    registry = Registry(store, clock, table.set_members)
+    hub = KvEventsHub(settings.kv_block_size)
+    table.index = hub.index
+    registry = Registry(store, clock, table.set_members, hub)
     observer = Observer(launcher, client or httpx.AsyncClient(timeout=httpx.Timeout(5.0)),
                         settings.controller.health_timeout_s)
     live = launcher.capacity() is not None  # a Ray cluster's, read live

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from controller.fleet.observer import EngineLoad
+from controller.kvevents.hub import KvEventsHub
 from controller.launchers.base import Launched
 from controller.launchers.process import stop_leftover
 from controller.models import Instance, InstanceState, Role
@@ -28,9 +29,10 @@ Members = Callable[[Role, list[Instance]], None]
 
 class Registry:
     def __init__(self, store: Store, clock: Callable[[], float],
-                 on_members: Members | None = None) -> None:
+                 on_members: Members | None = None, kv: KvEventsHub | None = None) -> None:
         self.store = store
         self.clock = clock
+        self.kv = kv  # subscribes to each instance's KV events while it lives
         self._instances: dict[str, Instance] = {}
         self._ready: dict[Role, list[Instance]] = {r: [] for r in Role}
         self._stopping: set[str] = set()
@@ -85,6 +87,8 @@ class Registry:
     def launched(self, inst: Instance, handle: Launched) -> None:
         """Its launcher started it: where it serves, and on which node."""
         inst.handle, inst.url, inst.node = handle, handle.url, handle.node
+        if self.kv is not None:
+            self.kv.watch(inst.id, handle.kv_events)
         where = f" on node {handle.node}" if handle.node else ""
         self.store.record("reconciler", "instance.launched", inst.id, None,
                           {"url": handle.url, "node": handle.node, "pid": inst.pid},
@@ -95,6 +99,8 @@ class Registry:
         """An engine a previous controller run left running, taken over as ready."""
         inst.ready_at = self.clock()
         self._instances[inst.id] = inst
+        if self.kv is not None and isinstance(inst.handle, Launched):
+            self.kv.watch(inst.id, inst.handle.kv_events)
         self.store.record("controller", "instance.adopted", inst.id, None,
                           {"role": inst.role.value, "tp": inst.tp, "url": inst.url,
                            "node": inst.node}, detail)
@@ -106,6 +112,8 @@ class Registry:
                    ) -> None:
         before = inst.state
         inst.state = state
+        if state.terminal and self.kv is not None:
+            self.kv.unwatch(inst.id)  # its blocks are gone with it
         self.store.record(actor, f"instance.{state.value}", inst.id, before.value, state.value,
                           detail)
         log.info("%s %s -> %s (%s)", inst.id, before.value, state.value, detail)

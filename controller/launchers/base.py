@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import json
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controller.kvevents.subscriber import engine_kv_events_config
 from controller.models import Role
 
 
@@ -32,6 +34,26 @@ class Launched:
     url: str
     handle: Any = None
     node: str | None = None  # where it runs: the Ray node's IP; None for local processes
+    # Where the controller subscribes to the engine's KV events: (publisher, replay)
+    # endpoints; None when the engine publishes none (attached external engines).
+    kv_events: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class EventPorts:
+    """The two ports an engine's KV-event publisher binds: batches, and replays."""
+
+    publish: int
+    replay: int
+
+    def endpoints(self, host: str) -> tuple[str, str]:
+        return f"tcp://{host}:{self.publish}", f"tcp://{host}:{self.replay}"
+
+    def flags(self) -> list[str]:
+        """vLLM's flags (the simulated engine takes the same): publish KV events on these
+        ports, and report each request's cached prompt tokens in its usage."""
+        config = engine_kv_events_config(self.publish, self.replay)
+        return ["--kv-events-config", json.dumps(config), "--enable-prompt-tokens-details"]
 
 
 @dataclass(frozen=True)
@@ -51,10 +73,12 @@ class EngineKind(abc.ABC):
 
     @abc.abstractmethod
     def command(self, spec: LaunchSpec, host: str, port: int, side_port: int,
-                devices: Sequence[str] | None = None) -> Command:
+                devices: Sequence[str] | None = None, events: EventPorts | None = None
+                ) -> Command:
         """The engine serving HTTP on ``host:port`` (and NIXL's side channel on
         ``host:side_port`` where it has one); ``devices``: the accelerators it may use where
-        the placer chose them (Ray's GPU ids), else None (``spec.accelerators``)."""
+        the placer chose them (Ray's GPU ids), else None (``spec.accelerators``);
+        ``events``: where it publishes its KV events (None: it publishes none)."""
 
 
 class Launcher(abc.ABC):

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
-from controller.launchers.base import EngineKind, Launched, Launcher, LaunchSpec
+from controller.launchers.base import EngineKind, EventPorts, Launched, Launcher, LaunchSpec
 
 PR_SET_PDEATHSIG = 1
 
@@ -128,13 +128,15 @@ class ProcessLauncher(Launcher):
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
 
     async def start(self, spec: LaunchSpec) -> Launched:
-        port, side = free_ports("127.0.0.1", 2)
-        cmd = self.engine.command(spec, "127.0.0.1", port, side)
+        port, side, publish, replay = free_ports("127.0.0.1", 4)
+        events = EventPorts(publish, replay)
+        cmd = self.engine.command(spec, "127.0.0.1", port, side, events=events)
         proc = spawn(cmd.argv, spec.log_path, cmd.env, nice=cmd.nice)
         self._track(proc)
         return Launched(url=f"http://127.0.0.1:{port}",
                         handle={"proc": proc, "log": spec.log_path, "pid": proc.pid,
-                                "side_channel_port": side})
+                                "side_channel_port": side},
+                        kv_events=events.endpoints("127.0.0.1"))
 
     def _track(self, proc: subprocess.Popen[bytes]) -> None:
         self._procs[proc.pid] = proc

@@ -219,7 +219,8 @@ class RayLauncher(Launcher):
         handle = RayHandle(actor, pg, info)
         self._handles[spec.instance_id] = handle
         log.info("%s on Ray node %s: %s", spec.instance_id, info["node_ip"], info["url"])
-        return Launched(url=info["url"], handle=handle, node=info["node_ip"])
+        return Launched(url=info["url"], handle=handle, node=info["node_ip"],
+                        kv_events=_kv_events(info))
 
     async def stop(self, launched: Launched, grace_s: float = 5.0) -> None:
         h: RayHandle = launched.handle
@@ -309,7 +310,7 @@ class RayLauncher(Launcher):
             handle = RayHandle(actor, pg, info, exit_code=info.get("exit_code"))
             self._handles[name] = handle
             found[name] = Launched(url=info.get("url", ""), handle=handle,
-                                   node=info.get("node_ip"))
+                                   node=info.get("node_ip"), kv_events=_kv_events(info))
         for pg_info in (await asyncio.to_thread(placement_group_table)).values():
             name = str(pg_info.get("name") or "")
             if not INSTANCE_ID.fullmatch(name) or name in found \
@@ -338,3 +339,9 @@ class RayLauncher(Launcher):
         if self._head is not None:
             self._head.stop()
             self._head = None
+
+
+def _kv_events(info: dict[str, Any]) -> tuple[str, str] | None:
+    """The KV-event endpoints an engine host reported (an older one reports none)."""
+    ends = info.get("kv_events")
+    return (str(ends[0]), str(ends[1])) if isinstance(ends, list) and len(ends) == 2 else None

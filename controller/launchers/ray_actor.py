@@ -1,7 +1,8 @@
 """The Ray actor that hosts one engine instance on a Ray node.
 
 ``RayLauncher`` creates one named, detached ``EngineHost`` per instance inside a placement
-group. The actor picks the node's IP and two free ports there, asks the engine kind for the
+group. The actor picks the node's IP and four free ports there (HTTP, NIXL's side
+channel, KV events and their replay), asks the engine kind for the
 command line, and runs it as a child process in its own process group (with
 ``PR_SET_PDEATHSIG``, so a dying actor takes its engine along). Ray kills only an actor's
 direct children when it removes the actor; vLLM starts grandchildren, so ``stop`` signals the
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from controller.launchers.base import EngineKind, LaunchSpec
+from controller.launchers.base import EngineKind, EventPorts, LaunchSpec
 from controller.launchers.process import free_ports, spawn, tail
 
 
@@ -35,15 +36,17 @@ class EngineHost:
 
         ctx = ray.get_runtime_context()
         host = ray.util.get_node_ip_address()
-        port, side = free_ports(host, 2)
+        port, side, publish, replay = free_ports(host, 4)
+        events = EventPorts(publish, replay)
         spec = self.spec
         devices = _devices(accelerator, spec, ctx.get_accelerator_ids())
-        cmd = engine.command(spec, host, port, side, devices)
+        cmd = engine.command(spec, host, port, side, devices, events)
         self.proc = spawn(cmd.argv, spec.log_path, cmd.env, nice=cmd.nice)
         self.info = {
             "instance_id": spec.instance_id, "role": spec.role.value, "tp": spec.tp,
             "url": f"http://{host}:{port}", "node_ip": host, "node_id": ctx.get_node_id(),
             "pid": self.proc.pid, "side_channel": f"{host}:{side}",
+            "kv_events": list(events.endpoints(host)),
             "devices": devices or [], "log": str(spec.log_path),
             "actor_pid": os.getpid()}
         return self.describe()

@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 
 from controller.config import Settings
-from controller.launchers.base import Command, EngineKind, LaunchSpec
+from controller.launchers.base import Command, EngineKind, EventPorts, LaunchSpec
 from controller.launchers.process import ProcessLauncher
 
 
@@ -33,14 +33,17 @@ class SimEngineKind(EngineKind):
             "--startup-delay-s", str(s.sim.startup_delay_s),
             "--engine-id", spec.instance_id,
         ]
+        if s.model.max_model_len is not None:  # default: the preset's own context
+            args += ["--max-model-len", str(s.model.max_model_len)]
         pool = getattr(s.pools, spec.role.value)
         for key, value in pool.engine_args.items():
             args += [f"--{key.replace('_', '-')}", str(value)]
         return args
 
     def command(self, spec: LaunchSpec, host: str, port: int, side_port: int,
-                devices: Sequence[str] | None = None) -> Command:
-        return Command(self.argv(spec, port, host))
+                devices: Sequence[str] | None = None, events: EventPorts | None = None
+                ) -> Command:
+        return Command(self.argv(spec, port, host) + (events.flags() if events else []))
 
 
 class SimLauncher(ProcessLauncher):

@@ -22,8 +22,8 @@ import httpx
 
 from controller.config import Settings
 from controller.errors import LaunchError
-from controller.launchers.base import Launched, Launcher, LaunchSpec, exit_reason
-from controller.launchers.process import free_port, spawn, stop_group, tail
+from controller.launchers.base import EventPorts, Launched, Launcher, LaunchSpec, exit_reason
+from controller.launchers.process import free_port, free_ports, spawn, stop_group, tail
 from controller.launchers.sim import SimEngineKind
 
 HOST_START_TIMEOUT_S = 30.0
@@ -90,8 +90,10 @@ class SimHostLauncher(Launcher):
 
     async def start(self, spec: LaunchSpec) -> Launched:
         host = await self._host_for(spec.log_path.parent)
-        port = free_port()
-        args = self.engine.argv(spec, port)[3:]  # the flags, without `python -m <module>`
+        port, publish, replay = free_ports("127.0.0.1", 3)
+        events = EventPorts(publish, replay)
+        # The flags, without `python -m <module>`.
+        args = self.engine.argv(spec, port)[3:] + events.flags()
         try:
             resp = await self._http.post(f"{host.url}/host/engines",
                                          json={"args": args, "log_path": str(spec.log_path)})
@@ -104,7 +106,8 @@ class SimHostLauncher(Launcher):
         host.states[spec.instance_id] = resp.json()
         return Launched(url=resp.json()["url"],
                         handle={"host": host, "engine_id": spec.instance_id,
-                                "log": spec.log_path})
+                                "log": spec.log_path},
+                        kv_events=events.endpoints("127.0.0.1"))
 
     async def stop(self, launched: Launched, grace_s: float = 5.0) -> None:
         host: _Host = launched.handle["host"]

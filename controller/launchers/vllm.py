@@ -19,7 +19,7 @@ from typing import Any
 
 from controller.config import Settings
 from controller.errors import ConfigError
-from controller.launchers.base import Command, EngineKind, LaunchSpec
+from controller.launchers.base import Command, EngineKind, EventPorts, LaunchSpec
 from controller.launchers.process import ProcessLauncher
 from controller.models import Role
 from controller.sizing.cpu_features import CPU_NIXL_EXTRA
@@ -118,9 +118,10 @@ class VllmEngineKind(EngineKind):
         return {**env, **s.vllm.extra_env}
 
     def command(self, spec: LaunchSpec, host: str, port: int, side_port: int,
-                devices: Sequence[str] | None = None) -> Command:
-        return Command(self.argv(spec, port, host), self.env(spec, side_port, host, devices),
-                       self._s.engine_nice)
+                devices: Sequence[str] | None = None, events: EventPorts | None = None
+                ) -> Command:
+        argv = self.argv(spec, port, host) + (events.flags() if events else [])
+        return Command(argv, self.env(spec, side_port, host, devices), self._s.engine_nice)
 
 
 class VllmLauncher(ProcessLauncher):

@@ -165,6 +165,19 @@ class Measured:
     retries: int = 0
     kv_handle: str | None = None
     gaps: list[float] | None = None  # seconds between the streamed chunks
+    cached_predicted: int | None = None  # the prefill instance's, by the index
+    prefill_cached: int | None = None  # the prefill engine's report
+    decode_cached_predicted: int | None = None  # the decode instance's, by the index
+
+
+def cached_tokens(usage: Any) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` of an engine's answer (vLLM reports it
+    with ``--enable-prompt-tokens-details``), or None."""
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("prompt_tokens_details")
+    n = details.get("cached_tokens") if isinstance(details, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
 
 
 def gap_summary(gaps: list[float] | None) -> tuple[float, float, int]:
@@ -182,9 +195,16 @@ def account(m: Measured, costs: KvCosts) -> RequestRecord:
     decode_times = EngineTimes.parse(response.get("metrics"))
     prompt_tokens = int(usage.get("prompt_tokens") or m.counted_prompt_tokens)
     disagg = m.path is RequestPath.DISAGGREGATED
-    # No KV moved when the prefill never answered (cancelled during its hop, say).
-    kv_bytes = (profiles.kv_bytes(costs.model, prompt_tokens, costs.block_size)
+    # No KV moved when the prefill never answered (cancelled during its hop, say); the
+    # blocks the decode instance held already (by the index) are not pulled.
+    kv_bytes = (profiles.kv_bytes(costs.model, prompt_tokens - (m.decode_cached_predicted or 0),
+                                  costs.block_size)
                 if disagg and m.prefill_instance is not None else 0)
+    # The prompt was computed by the prefill engine (disaggregated) or the decode engine.
+    if disagg:
+        predicted, reported = m.cached_predicted, m.prefill_cached
+    else:
+        predicted, reported = m.decode_cached_predicted, cached_tokens(usage)
     if m.first_at is not None:
         ttft = (m.first_at - m.t0) * 1e3
         to_first = (m.first_at - m.decode_sent) * 1e3
@@ -212,4 +232,5 @@ def account(m: Measured, costs: KvCosts) -> RequestRecord:
         itl_ms=decode_times.itl_ms if decode_times else 0.0,
         e2e_ms=round((m.end - m.t0) * 1e3, 3), kv_bytes=kv_bytes, retries=m.retries,
         error=m.error, kv_handle=m.kv_handle, gap_p99_ms=gap_p99, gap_max_ms=gap_max,
-        gaps=n_gaps)
+        gaps=n_gaps, cached_tokens_predicted=predicted, cached_tokens=reported,
+        decode_cached_tokens_predicted=m.decode_cached_predicted if disagg else None)

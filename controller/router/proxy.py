@@ -53,7 +53,7 @@ from controller.errors import (
 from controller.metrics import Metrics
 from controller.models import Instance, RequestPath, RequestRecord, Role
 from controller.requests_log import RequestLog
-from controller.router.accounting import EngineTimes, KvCosts, Measured, account
+from controller.router.accounting import EngineTimes, KvCosts, Measured, account, cached_tokens
 from controller.router.answer import Answer, internal_error
 from controller.router.bodies import (
     client_answer,
@@ -118,8 +118,10 @@ class Proxy:
             return self.refused(endpoint, rid, exc, t0, started_at)
         self.arrived += 1
         self.arrived_prompt_tokens += prompt_tokens
+        blocks = (self.table.blocks(self.counter.token_ids(body)) if self.table.wants_blocks
+                  else None)
         return Ctx(rid=rid, endpoint=endpoint, body=body, stream=stream,
-                   prompt_tokens=prompt_tokens, t0=t0, started_at=started_at)
+                   prompt_tokens=prompt_tokens, t0=t0, started_at=started_at, blocks=blocks)
 
     @staticmethod
     def refused(endpoint: str, rid: str | None, why: RoutingError, t0: float | None = None,
@@ -183,7 +185,7 @@ class Proxy:
             slot = await self._prefill_slot(ctx)
             disagg = slot is not None
         try:
-            first = self.table.pick(Role.DECODE, set())
+            first = self.table.pick(Role.DECODE, set(), ctx.blocks)
             if first is None:
                 raise self._no_decode()
             self._assign_decode(ctx, first)
@@ -206,7 +208,7 @@ class Proxy:
         no prefill instance is ready)."""
         t = time.perf_counter()
         timeout = self.table.settings.prefill_queue_timeout_s
-        slot = await self.table.prefill_slot(timeout)
+        slot = await self.table.prefill_slot(timeout, ctx.blocks)
         ctx.router_queue_ms = (time.perf_counter() - t) * 1e3
         if slot is None:
             log.warning("%s: no prefill slot within %.1f s (routing.prefill_max_inflight %d); "
@@ -232,6 +234,17 @@ class Proxy:
                 return
             lease.release()
         ctx.decode, ctx.decode_lease = inst, self.table.lease(inst)
+        ctx.decode_cached_predicted = self._cached(ctx, ctx.decode_lease)
+
+    def _cached(self, ctx: Ctx, lease: Lease) -> int | None:
+        """The prompt tokens the lease's instance holds by the index (None: no blocks were
+        computed), counting the rest as work queued there."""
+        if ctx.blocks is None:
+            return None
+        cached = self.table.cached(lease.instance.id, ctx.blocks)
+        lease.queue(ctx.prompt_tokens - cached)
+        self.table.expect_blocks(lease.instance, ctx.blocks, cached)
+        return cached
 
     async def _prefill(self, ctx: Ctx, slot: Lease | None = None) -> PrefillDone | None:
         """The prefill hop, tried on up to ``max_attempts`` instances; the first on ``slot``'s
@@ -240,7 +253,8 @@ class Proxy:
         tried: set[str] = set()
         for _ in range(self.table.settings.max_attempts):
             lease, slot = slot, None
-            inst = lease.instance if lease is not None else self.table.pick(Role.PREFILL, tried)
+            inst = (lease.instance if lease is not None
+                    else self.table.pick(Role.PREFILL, tried, ctx.blocks))
             if inst is None:
                 break
             tried.add(inst.id)
@@ -255,6 +269,7 @@ class Proxy:
                 ctx.retries += 1
                 continue
             ctx.prefill = inst
+            ctx.prefill_cached = cached_tokens(data.get("usage"))
             ctx.prefill_times = EngineTimes.parse(data.get("metrics"))
             ctx.prefill_wall_ms = (time.perf_counter() - sent) * 1e3
             return PrefillDone(inst, data["kv_transfer_params"], self.clock())
@@ -269,6 +284,7 @@ class Proxy:
         holds is released: aborting it instead would race with its end, and an answer lost
         in that race leaves its blocks held for the whole lease."""
         lease = lease if lease is not None else self.table.lease(inst)
+        ctx.cached_predicted = self._cached(ctx, lease)
         hop = asyncio.ensure_future(
             self.upstream.post(f"{inst.url}{ctx.endpoint}", payload, self._hops.headers(ctx)))
         try:
@@ -334,7 +350,7 @@ class Proxy:
             else:
                 ctx.kv_handle = done.handle
                 return resp
-            inst = self.table.pick(Role.DECODE, tried)
+            inst = self.table.pick(Role.DECODE, tried, ctx.blocks)
         self._spawn(self._kv.release(done.kv_params, ctx.decode, "decode_unavailable", ctx.rid))
         return None
 
@@ -345,13 +361,13 @@ class Proxy:
         inst: Instance | None = ctx.decode
         for attempt in range(self.table.settings.max_attempts):
             if inst is None or inst.id in tried or inst.id in ctx.failed_decodes:
-                inst = self._pick_colocated(tried | ctx.failed_decodes, tried)
+                inst = self._pick_colocated(ctx, tried | ctx.failed_decodes, tried)
             if inst is None and tried:
                 # Every ready decode instance was tried once (most could not be reached).
                 # Nothing went to the client yet, so try again after a pause, not fail.
                 await asyncio.sleep(RETRY_PAUSE_S * attempt)
                 tried = set()
-                inst = self._pick_colocated(ctx.failed_decodes, tried)
+                inst = self._pick_colocated(ctx, ctx.failed_decodes, tried)
             if inst is None:
                 break
             self._assign_decode(ctx, inst)
@@ -375,11 +391,12 @@ class Proxy:
                               "(routing.max_inflight_per_instance); retry shortly")
         return NoInstanceAvailable("no ready decode instance")
 
-    def _pick_colocated(self, avoid: set[str], tried: set[str]) -> Instance | None:
+    def _pick_colocated(self, ctx: Ctx, avoid: set[str], tried: set[str]) -> Instance | None:
         """A decode instance for a colocated attempt: one that has not failed this request
         if there is one, else (a single-instance pool, say) one that did but is not yet
         tried again in this round; engines that died refuse the connection."""
-        return self.table.pick(Role.DECODE, avoid) or self.table.pick(Role.DECODE, tried)
+        return (self.table.pick(Role.DECODE, avoid, ctx.blocks)
+                or self.table.pick(Role.DECODE, tried, ctx.blocks))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -402,7 +419,9 @@ class Proxy:
             decode_instance=decode.id if decode else None, prefill_times=ctx.prefill_times,
             prefill_wall_ms=ctx.prefill_wall_ms, router_queue_ms=ctx.router_queue_ms,
             decode_recent_xfer_ms=decode.recent_xfer_ms if decode else 0.0,
-            retries=ctx.retries, kv_handle=ctx.kv_handle, gaps=ctx.gaps), self._costs)
+            retries=ctx.retries, kv_handle=ctx.kv_handle, gaps=ctx.gaps,
+            cached_predicted=ctx.cached_predicted, prefill_cached=ctx.prefill_cached,
+            decode_cached_predicted=ctx.decode_cached_predicted), self._costs)
         self.requests.add(rec)
         self.metrics.observe(rec, ctx.gaps)
         return rec

@@ -11,6 +11,7 @@ from typing import Any
 from controller.errors import RoutingError
 from controller.models import Instance, RequestPath
 from controller.router.accounting import EngineTimes
+from controller.router.policies import PromptBlocks
 from controller.router.table import Lease
 
 _ID_PREFIX = f"pdctl-{os.urandom(6).hex()}-"
@@ -52,6 +53,13 @@ class Ctx:
     errors: list[str] = field(default_factory=list)
     strip_usage: bool = False  # the router asked for a usage chunk the client did not
     rejection: RoutingError | None = None  # refused before routing: why
+    blocks: PromptBlocks | None = None  # the prompt's blocks, when a pool routes by cache
+    # Prompt tokens the index says the prefill instance (disaggregated) or the colocated
+    # decode instance holds, what the prefill engine reported, and what the decode
+    # instance of a disaggregated request holds (not pulled over NIXL).
+    cached_predicted: int | None = None
+    prefill_cached: int | None = None
+    decode_cached_predicted: int | None = None
 
 
 @dataclass

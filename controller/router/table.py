@@ -17,37 +17,54 @@ from typing import Any
 
 from controller.config import RoutingSettings, patched
 from controller.errors import InvalidChange
+from controller.kvevents.hashing import prompt_chain_hashes
+from controller.kvevents.index import BlockIndex
 from controller.models import Instance, Role
-from controller.router.policies import Policy, make_policy
+from controller.router.policies import Policy, PromptBlocks, make_policy
 from controller.store import Store
 
 SUSPECT_S = 2.0  # an instance the router could not reach gets no new request this long
 Unreachable = Callable[[Instance, str], None]
 
 
+def _add(counts: dict[str, int], key: str, n: int) -> None:
+    left = counts.get(key, 0) + n
+    if left:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
+
+
 class Lease:
     """One request counted in one instance's in-flight requests until ``release`` (or the end
-    of a ``with`` block); releasing twice is harmless."""
+    of a ``with`` block), with its uncached prompt tokens (``queue``); releasing twice is
+    harmless."""
 
-    __slots__ = ("instance", "_counts", "_held", "_on_release")
+    __slots__ = ("instance", "_counts", "_held", "_on_release", "_tokens", "_queued")
 
     def __init__(self, counts: dict[str, int], instance: Instance,
-                 on_release: Callable[[], None] | None = None) -> None:
+                 on_release: Callable[[], None] | None = None,
+                 tokens: dict[str, int] | None = None) -> None:
         self.instance = instance
         self._counts = counts
         self._held = True
         self._on_release = on_release
+        self._tokens = tokens
+        self._queued = 0
         counts[instance.id] = counts.get(instance.id, 0) + 1
+
+    def queue(self, uncached_tokens: int) -> None:
+        """Count ``uncached_tokens`` as work queued on the instance while the lease is held
+        (what the cache-aware policy weighs); replaces an earlier count."""
+        if self._held and self._tokens is not None:
+            _add(self._tokens, self.instance.id, uncached_tokens - self._queued)
+            self._queued = uncached_tokens
 
     def release(self) -> None:
         if self._held:
+            self.queue(0)
             self._held = False
-            iid = self.instance.id
-            left = self._counts[iid] - 1
-            if left:
-                self._counts[iid] = left
-            else:
-                del self._counts[iid]
+            _add(self._counts, self.instance.id, -1)
             if self._on_release is not None:
                 self._on_release()
 
@@ -72,10 +89,13 @@ class RoutingTable:
         self._policies: dict[Role, Policy] = {}
         self._ready: dict[Role, list[Instance]] = {r: [] for r in Role}
         self._inflight: dict[str, int] = {}
+        self._queued_tokens: dict[str, int] = {}  # uncached prompt tokens, by instance
         self._suspect: dict[str, float] = {}
+        # Which instance holds which prompt blocks (the fleet's KV events), set when wired.
+        self.index: BlockIndex | None = None
         # Requests waiting in the router for a prefill slot (routing.prefill_max_inflight),
         # first come first served: each future gets a lease on the instance it may use.
-        self._waiters: deque[asyncio.Future[Lease]] = deque()
+        self._waiters: deque[tuple[asyncio.Future[Lease], PromptBlocks | None]] = deque()
         self.on_unreachable: Unreachable | None = None  # the fleet's, set when wired
         self._reset_policies()
 
@@ -88,8 +108,51 @@ class RoutingTable:
         return initial
 
     def _reset_policies(self) -> None:
-        self._policies = {Role.PREFILL: make_policy(self.settings.prefill_policy),
-                          Role.DECODE: make_policy(self.settings.decode_policy)}
+        self._policies = {Role.PREFILL: make_policy(self.settings.prefill_policy, self),
+                          Role.DECODE: make_policy(self.settings.decode_policy, self)}
+
+    def policy(self, role: Role) -> Policy:
+        return self._policies[role]
+
+    # ---- the prefix cache (cache_aware, and what every record predicts) ----------------
+
+    def blocks(self, token_ids: list[int]) -> PromptBlocks | None:
+        """The prompt's blocks as the index keys them; None when nothing is indexed."""
+        if self.index is None:
+            return None
+        return PromptBlocks(len(token_ids),
+                            prompt_chain_hashes(token_ids, self.index.block_size))
+
+    @property
+    def wants_blocks(self) -> bool:
+        """A pool routes by cache: every prompt's blocks are needed."""
+        s = self.settings
+        return self.index is not None and "cache_aware" in (s.prefill_policy, s.decode_policy)
+
+    def cached(self, instance_id: str, prompt: PromptBlocks) -> int:
+        """Prompt tokens ``instance_id`` would serve from its prefix cache, by the index:
+        whole blocks, and never the prompt's last token (vLLM always computes it)."""
+        if self.index is None or not prompt.hashes:
+            return 0
+        bs = self.index.block_size
+        held = self.index.longest_prefix(instance_id, prompt.hashes)
+        return min(held, (prompt.tokens - 1) // bs * bs)
+
+    def expect_blocks(self, inst: Instance, prompt: PromptBlocks, cached: int) -> None:
+        """``inst`` was sent a prompt with full blocks it does not hold: it should publish
+        them soon (an engine whose events stop is marked stale after a while)."""
+        if self.index is not None and len(prompt.hashes) * self.index.block_size > cached:
+            self.index.note_expected(inst.id, self.clock())
+
+    def trusted(self, instance_id: str) -> bool:
+        return self.index is not None and self.index.trusted(instance_id)
+
+    def queued_tokens(self, instance_id: str) -> int:
+        return self._queued_tokens.get(instance_id, 0)
+
+    @property
+    def load_limit(self) -> int:
+        return self.settings.cache_load_limit
 
     # ---- live settings ------------------------------------------------------------------
 
@@ -121,9 +184,11 @@ class RoutingTable:
     def ready(self, role: Role) -> list[Instance]:
         return self._ready[role]
 
-    def pick(self, role: Role, exclude: set[str]) -> Instance | None:
-        """An instance of ``role`` for the next request, by the role's policy: one the router
-        reached lately if there is one."""
+    def pick(self, role: Role, exclude: set[str], prompt: PromptBlocks | None = None
+             ) -> Instance | None:
+        """An instance of ``role`` for the next request (``prompt``: its blocks, for the
+        cache-aware policy), by the role's policy: one the router reached lately if there
+        is one."""
         pool = self._ready[role]
         if self._suspect:
             now = self.clock()
@@ -141,7 +206,7 @@ class RoutingTable:
             candidates = [i for i in candidates if counts.get(i.id, 0) < cap]
         if not candidates:
             return None
-        return self._policies[role].choose(candidates, self._inflight)
+        return self._policies[role].choose(candidates, self._inflight, prompt)
 
     def _cap(self, role: Role) -> int:
         """Requests one instance of ``role`` may have in flight (0: no limit)."""
@@ -156,20 +221,22 @@ class RoutingTable:
     @property
     def prefill_waiting(self) -> int:
         """Requests waiting in the router for a prefill slot."""
-        return sum(1 for f in self._waiters if not f.done())
+        return sum(1 for f, _ in self._waiters if not f.done())
 
-    async def prefill_slot(self, timeout_s: float) -> Lease | None:
+    async def prefill_slot(self, timeout_s: float, prompt: PromptBlocks | None = None
+                           ) -> Lease | None:
         """A lease on a prefill instance with a free slot (``routing.prefill_max_inflight``),
         at once when nobody waits and one is free, else after those who came first; None
         when ``timeout_s`` passes first or no prefill instance is ready."""
         if not self._waiters:
-            inst = self.pick(Role.PREFILL, set())
+            inst = self.pick(Role.PREFILL, set(), prompt)
             if inst is not None:
                 return self.lease(inst)
         if not self._ready[Role.PREFILL]:
             return None
         fut: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
+        waiter = (fut, prompt)
+        self._waiters.append(waiter)
         try:
             # Not wait_for: on 3.11 it returns a result that arrived with a cancellation and
             # swallows the cancellation.
@@ -181,7 +248,7 @@ class RoutingTable:
             raise
         finally:
             with contextlib.suppress(ValueError):
-                self._waiters.remove(fut)
+                self._waiters.remove(waiter)
         if fut.done():
             return fut.result()
         fut.cancel()  # timed out
@@ -190,11 +257,11 @@ class RoutingTable:
     def _wake(self) -> None:
         """Grant free prefill slots to the requests waiting longest."""
         while self._waiters:
-            fut = self._waiters[0]
+            fut, prompt = self._waiters[0]
             if fut.done():  # gave up
                 self._waiters.popleft()
                 continue
-            inst = self.pick(Role.PREFILL, set())
+            inst = self.pick(Role.PREFILL, set(), prompt)
             if inst is None:
                 return
             self._waiters.popleft()
@@ -221,7 +288,7 @@ class RoutingTable:
 
     def lease(self, inst: Instance) -> Lease:
         return Lease(self._inflight, inst,
-                     self._wake if inst.role is Role.PREFILL else None)
+                     self._wake if inst.role is Role.PREFILL else None, self._queued_tokens)
 
     def inflight(self, instance_id: str) -> int:
         return self._inflight.get(instance_id, 0)

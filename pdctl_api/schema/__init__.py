@@ -25,6 +25,13 @@ from pdctl_api.schema.advisor import (
     TrafficPublic,
     VerdictPublic,
 )
+from pdctl_api.schema.cache import (
+    CacheBucket,
+    CacheInstancePublic,
+    CachePublic,
+    CacheTokens,
+    KvIndexPublic,
+)
 from pdctl_api.schema.cluster import (
     AccessPublic,
     ActionKind,
@@ -88,7 +95,8 @@ from pdctl_api.schema.utilization import (
 )
 
 __all__ = [
-    "PARTS", "ROUTING_FIELDS", "AccessPublic", "ActionKind", "AdmissionPublic",
+    "PARTS", "ROUTING_FIELDS", "CacheBucket", "CacheInstancePublic", "CachePublic",
+    "CacheTokens", "KvIndexPublic", "AccessPublic", "ActionKind", "AdmissionPublic",
     "AdvisorPublic", "BucketPublic", "ClusterPublic", "Components", "Decision", "ErrorPublic",
     "EventPublic", "FleetRatioPublic", "HardwarePublic", "HealthPublic", "InstanceLogPublic",
     "InstancePublic", "InstanceState", "KvCapacityPublic", "KvIntegrityPublic",

@@ -50,6 +50,16 @@ class RequestPublic(Public):
     gap_p99_ms: float = Field(0.0, description="streamed answers: the 99th percentile of the "
                               "gaps between the chunks the router relayed (0: not streamed)")
     gap_max_ms: float = Field(0.0, description="streamed answers: the worst gap")
+    cached_tokens_predicted: int | None = Field(None, description=(
+        "prompt tokens the router expected the instance that computed the prompt (the "
+        "prefill instance, or the decode instance on the colocated path) to hold in its "
+        "prefix cache, from the engines' KV events; null when no pool routes by cache"))
+    cached_tokens: int | None = Field(None, description=(
+        "prompt tokens that engine reported served from its prefix cache "
+        "(usage.prompt_tokens_details.cached_tokens); null when it reports none"))
+    decode_cached_tokens_predicted: int | None = Field(None, description=(
+        "disaggregated: prompt tokens the decode instance already held, whose KV was not "
+        "pulled over NIXL (from the KV events)"))
 
 
 # ---- a window's statistics -----------------------------------------------------------------

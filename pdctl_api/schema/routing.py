@@ -11,7 +11,7 @@ from pydantic import Field
 
 from pdctl_api.schema.common import Public, UpdateBody, changes_of
 
-PolicyName = Literal["round_robin", "least_loaded"]
+PolicyName = Literal["round_robin", "least_loaded", "cache_aware"]
 
 MinPromptTokens = Annotated[int, Field(ge=0, le=10_000_000, description=(
     "shorter prompts are served colocated by a decode instance"))]
@@ -33,6 +33,10 @@ PrefillMaxInflight = Annotated[int, Field(ge=0, le=100_000, description=(
     "becomes ready meanwhile included), so that a backlog does not sit in one engine's "
     "queue after the pool grows; the wait counts in the queue part of TTFT (0: no limit, "
     "no router queue)"))]
+CacheLoadLimit = Annotated[int, Field(ge=0, le=100_000, description=(
+    "cache_aware: an instance with more than this many requests (in flight plus waiting) "
+    "above the least loaded one gets no request for its cached prefix; 0: affinity only "
+    "among the least loaded"))]
 PrefillQueueTimeoutS = Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False, description=(
     "longest a request waits in the router for a prefill slot; then it is served "
     "colocated"))]
@@ -52,6 +56,7 @@ class RoutingPublic(Public):
     max_inflight_per_instance: MaxInflightPerInstance = 0
     prefill_max_inflight: PrefillMaxInflight = 0
     prefill_queue_timeout_s: PrefillQueueTimeoutS = 30.0
+    cache_load_limit: CacheLoadLimit = 4
 
 
 @changes_of(RoutingPublic)
