@@ -147,7 +147,9 @@ def request_view(r: RequestRecord) -> RequestPublic:
         decode_sched_ms=r.decode_sched_ms, overhead_ms=r.overhead_ms, ttft_ms=r.ttft_ms,
         itl_ms=r.itl_ms, e2e_ms=r.e2e_ms, kv_bytes=r.kv_bytes, retries=r.retries,
         error=r.error, kv_handle=r.kv_handle, suspect=r.suspect, gap_p99_ms=r.gap_p99_ms,
-        gap_max_ms=r.gap_max_ms)
+        gap_max_ms=r.gap_max_ms, cached_tokens_predicted=r.cached_tokens_predicted,
+        cached_tokens=r.cached_tokens,
+        decode_cached_tokens_predicted=r.decode_cached_tokens_predicted)
 
 
 def nixl_totals(instances: list[Instance]) -> NixlTotals:

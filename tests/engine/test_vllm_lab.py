@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -176,17 +178,102 @@ def test_kv_transfer_counters_grow_only_for_disaggregated(lab: ControllerProc,
     assert nixl["bytes"] > 0 and nixl["gbps"] > 0
 
 
+# 1,650 lab tokens (words of one token each, in an order no other test sends): 12 full
+# 128-token blocks, far more than the light load's queued tokens.
+_ONE_TOKEN = ("the of and to in is for on with model token cache prefill decode batch engine "
+              "latency stream queue block transfer router pool memory bandwidth compute "
+              "layer request").split()
+PREFIX = " ".join(random.Random(3).choice(_ONE_TOKEN) for _ in range(1650))
+
+
+def indexed(lab: ControllerProc, instance: str) -> int:
+    """The blocks the controller's index holds for ``instance`` (from its KV events)."""
+    for i in lab.get("/cache")["instances"]:
+        if i["instance"] == instance:
+            return int(i["kv_index"]["blocks"]) if i["kv_index"]["healthy"] else -1
+    return -1
+
+
+def complete(lab: ControllerProc, prompt: str) -> dict[str, Any]:
+    """Send one completion; its record."""
+    r = httpx.post(f"{lab.url}/v1/completions", timeout=300, json={
+        "model": MODEL, "prompt": prompt, "max_tokens": 3, **NO_EOS})
+    assert r.status_code == 200, r.text
+    [rec] = [x for x in lab.get("/requests?limit=50") if x["id"] == r.headers["x-request-id"]]
+    return dict(rec)
+
+
+def test_engines_publish_kv_events_and_the_router_predicts_their_cache_hits(
+        lab: ControllerProc) -> None:
+    """Real vLLM: each engine's KV events reach the controller's index; a prompt sharing a
+    long prefix with an earlier one is predicted to hit that many tokens on the prefill
+    instance, and the engine reports exactly that many cached (and counts them)."""
+    lab.api("PATCH", "/routing", {"prefill_policy": "cache_aware",
+                                  "decode_policy": "cache_aware"}).raise_for_status()
+    try:
+        [p] = lab.get("/instances?role=prefill&state=ready")
+        d = decode_url(lab)
+        lab.wait(lambda: indexed(lab, p["id"]) >= 0, 60, "the prefill's KV index")
+        pulled = engine_metric(d, "vllm:nixl_bytes_transferred_sum")
+        first = complete(lab, PREFIX + " and now the first question")
+        assert first["path"] == "disaggregated"
+        pulled, first_bytes = engine_metric(d, "vllm:nixl_bytes_transferred_sum"), \
+            engine_metric(d, "vllm:nixl_bytes_transferred_sum") - pulled
+        lab.wait(lambda: indexed(lab, p["id"]) >= 12, 60, "the prefix's 12 blocks indexed")
+        hits = engine_metric(p["url"], "vllm:prefix_cache_hits_total")
+        second = complete(lab, PREFIX + " then a second, different one")
+        assert second["prefill_instance"] == p["id"] and second["path"] == "disaggregated"
+        assert second["cached_tokens_predicted"] >= 12 * 128, second
+        assert second["cached_tokens"] == second["cached_tokens_predicted"], second
+        assert engine_metric(p["url"], "vllm:prefix_cache_hits_total") - hits == \
+            second["cached_tokens"]
+        # The decode instance cached the blocks it pulled: it holds the prefix too, and
+        # pulled only the blocks it lacked (vLLM's pull mode), as the index predicted.
+        assert second["decode_cached_tokens_predicted"] >= 12 * 128, second
+        second_bytes = engine_metric(d, "vllm:nixl_bytes_transferred_sum") - pulled
+        print(f"\nNIXL bytes pulled by decode: first {first_bytes:.0f}, second (prefix "
+              f"held) {second_bytes:.0f}")
+        assert 0 < second_bytes * 4 < first_bytes
+        cache = lab.get("/cache")
+        assert cache["hit_rate"] > 0 and cache["warnings"] == [], cache
+    finally:
+        lab.api("PATCH", "/routing", {"prefill_policy": "round_robin",
+                                      "decode_policy": "least_loaded"}).raise_for_status()
+
+
+def warm_decode_is_chosen(lab: ControllerProc) -> None:
+    """Two decode instances, every prompt colocated, decode routed by cache: a prompt sharing
+    a long prefix with the previous one goes to the instance that served it."""
+    lab.api("PATCH", "/routing", {"decode_policy": "cache_aware",
+                                  "disagg_min_prompt_tokens": 100_000}).raise_for_status()
+    try:
+        prefix = "warm " + PREFIX
+        first = complete(lab, prefix + " one")
+        warm = first["decode_instance"]
+        lab.wait(lambda: indexed(lab, warm) >= 12, 60, "the prefix indexed on " + warm)
+        for tail in (" two", " three"):
+            rec = complete(lab, prefix + tail)
+            assert rec["path"] == "colocated" and rec["decode_instance"] == warm, rec
+            assert rec["cached_tokens"] == rec["cached_tokens_predicted"] >= 12 * 128, rec
+    finally:
+        lab.api("PATCH", "/routing", {"decode_policy": "least_loaded",
+                                      "disagg_min_prompt_tokens": 128}).raise_for_status()
+
+
 def wait_converged_under(lab: ControllerProc, load: Load, timeout: float) -> None:
     lab.wait(lab.converged, timeout, "pools to converge")
     assert load.result.failures == [], load.result.failures[:3]
 
 
 def test_scale_decode_1_2_1_under_light_load(lab: ControllerProc) -> None:
+    """... and, while two decode instances serve, a prompt whose long prefix one of them
+    holds goes to that one (cache_aware, colocated), as its KV events say."""
     with Load(lab.url, workers=2, max_tokens=4, model=MODEL, extra=NO_EOS, timeout_s=300,
               pause_s=0.5) as load:
         lab.api("PATCH", "/pools/decode", {"size": 2}).raise_for_status()
         wait_converged_under(lab, load, START_S)
         assert len(lab.get("/instances?role=decode&state=ready")) == 2
+        warm_decode_is_chosen(lab)
         lab.api("PATCH", "/pools/decode", {"size": 1}).raise_for_status()
         wait_converged_under(lab, load, 600)
         res = load.stop()

@@ -92,6 +92,8 @@ async def test_prefill_hop_returns_nixl_shaped_params() -> None:
 async def test_decode_hop_matches_colocated_and_counts_external_tokens() -> None:
     async with pair() as pp:
         colocated = (await pp.decode.post("/v1/completions", json=BODY)).json()
+        # forget the prompt's blocks the colocated request cached: the hop pulls them all
+        assert (await pp.decode.post("/reset_prefix_cache")).status_code == 200
         params = await prefill_hop(pp.prefill)
         r = await pp.decode.post("/v1/completions", json={**BODY, "kv_transfer_params": params})
         assert r.status_code == 200, r.text
@@ -131,6 +133,8 @@ async def test_reused_handle_is_read_silently_and_only_the_prefill_notices(
         body = {**BODY, "kv_transfer_params": params}
         first = await pp.decode.post("/v1/completions", json=body)
         assert first.status_code == 200
+        # forget the blocks the first read cached, so that the second reads them all again
+        assert (await pp.decode.post("/reset_prefix_cache")).status_code == 200
         r = await pp.decode.post("/v1/completions", json=body)
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]

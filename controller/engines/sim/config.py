@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pdctl_api import profiles
 
@@ -35,6 +36,21 @@ class SimEngineConfig:
     block_size: int = 16
     engine_id: str | None = None  # default: a fresh uuid4 hex (see server.create_engine_app)
     startup_delay_s: float = 0.0  # wall seconds of 503 on /health (models engine load)
+    max_model_len: int | None = None  # context served; default: the model profile's
+    # vLLM's --kv-events-config, as a dict (None: no KV events); see ``kv_events_settings``
+    kv_events_config: dict[str, Any] | None = None
+    # vLLM's --enable-prompt-tokens-details: usage carries prompt_tokens_details.cached_tokens
+    enable_prompt_tokens_details: bool = False
+
+    @property
+    def kv_events_enabled(self) -> bool:
+        return (self.kv_events_config is not None
+                and self.kv_events_config.get("enable_kv_cache_events") is True)
+
+    @property
+    def model_profile(self) -> profiles.ModelProfile:
+        """The model as served: its profile at ``max_model_len`` (validated first)."""
+        return profiles.with_context(profiles.model(self.model), self.max_model_len)
 
     @property
     def model_name(self) -> str:
@@ -89,7 +105,75 @@ def validate_config(cfg: SimEngineConfig) -> None:
     if math.isinf(cfg.kv_lease_duration_s):
         raise SimConfigError("kv_lease_duration_s must be finite")
     _positive("startup_delay_s", cfg.startup_delay_s, 0.0)
-    problem = profiles.fit_problem(profiles.model(cfg.model), profiles.hardware(cfg.hardware),
+    if cfg.kv_events_config is not None:
+        kv_events_settings(cfg.kv_events_config)
+    try:
+        served = cfg.model_profile
+    except ValueError as e:
+        raise SimConfigError(f"max_model_len: {e}") from None
+    problem = profiles.fit_problem(served, profiles.hardware(cfg.hardware),
                                    cfg.tp)
     if problem:
         raise SimConfigError(f"{problem}; raise --tp or choose other hardware")
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventsSettings:
+    """What the KV-event publisher needs of ``--kv-events-config`` (vLLM's
+    ``KVEventsConfig``: ``config/kv_events.py``)."""
+
+    endpoint: str
+    replay_endpoint: str | None
+    topic: str
+    buffer_steps: int
+    hwm: int
+
+
+def parse_kv_events_config(text: str | None) -> dict[str, Any] | None:
+    """``--kv-events-config``'s JSON as a dict, checked; ``SimConfigError`` naming the field
+    otherwise."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise SimConfigError(f"kv_events_config is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise SimConfigError("kv_events_config must be a JSON object")
+    kv_events_settings(value)
+    return value
+
+
+def _kv_field(cfg: Mapping[str, Any], name: str, kind: type, default: Any) -> Any:
+    value = cfg.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise SimConfigError(f"kv_events_config.{name} must be a {kind.__name__}, "
+                             f"got {value!r}")
+    return value
+
+
+def kv_events_settings(cfg: Mapping[str, Any]) -> KvEventsSettings:
+    """The publisher's settings, each field checked (``SimConfigError`` names the field).
+
+    As vLLM: ``publisher`` defaults to ``zmq`` when events are enabled; the simulator
+    publishes with ZMQ only, so another publisher is refused. Unlike vLLM (which defaults
+    it to ``tcp://*:5557``), an enabled config must name its ``endpoint``."""
+    on = _kv_field(cfg, "enable_kv_cache_events", bool, False)
+    publisher = _kv_field(cfg, "publisher", str, "zmq" if on else "null")
+    if on and publisher != "zmq":
+        raise SimConfigError(f"kv_events_config.publisher must be \"zmq\" (the simulator "
+                             f"publishes with ZMQ only), got {publisher!r}")
+    endpoint = _kv_field(cfg, "endpoint", str, "")
+    if on and not endpoint:
+        raise SimConfigError("kv_events_config.endpoint is missing (e.g. \"tcp://*:5557\")")
+    sizes = {}
+    for name, default in (("buffer_steps", 10_000), ("hwm", 100_000),
+                          ("max_queue_size", 100_000)):
+        sizes[name] = _kv_field(cfg, name, int, default)
+        if sizes[name] < 1:
+            raise SimConfigError(f"kv_events_config.{name} must be >= 1, got {sizes[name]}")
+    return KvEventsSettings(endpoint, _kv_field(cfg, "replay_endpoint", str, None) or None,
+                            _kv_field(cfg, "topic", str, ""), sizes["buffer_steps"],
+                            sizes["hwm"])

@@ -10,6 +10,12 @@ timer at the earliest end) unless a decode engine reads or releases them first; 
 engine renews the leases it still waits on with heartbeats (one task, only while it waits on
 some), and releases a lease it will never read. All request timings are wall times from
 ``time.monotonic()``: uvloop's loop clock has only millisecond resolution.
+
+Prefix caching and KV events (see ``blocks`` and ``scheduler``): with ``--kv-events-config``
+the cache's events go out as one batch per engine step that produced some (vLLM publishes at
+the end of each step); events from work between steps (a handle read or expired, an abort, a
+KV pull done) go out as one batch on the event loop's next turn. The decode side of a
+disaggregated request lives in ``decode_hop``.
 """
 
 from __future__ import annotations
@@ -19,15 +25,15 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Coroutine
-from typing import Any
 
 from controller.engines.sim.config import SimEngineConfig
 from controller.engines.sim.cost import step_duration
-from controller.engines.sim.kv_pull import PULL_TIMEOUT_S, KvPuller, KvPullError, KvRefused
+from controller.engines.sim.decode_hop import DecodeHops
+from controller.engines.sim.events import KvEventPublisher
+from controller.engines.sim.kv_pull import KvPuller, KvRefused, PullResult
 from controller.engines.sim.metrics import SimMetrics
-from controller.engines.sim.protocol import EngineError, KvLoadFailure, RemoteKv, SimRequest
-from controller.engines.sim.scheduler import Handle, Scheduler, Seq, StepPlan, StepResult
+from controller.engines.sim.protocol import EngineError, RemoteKv, SimRequest
+from controller.engines.sim.scheduler import Scheduler, Seq, StepPlan, StepResult
 from controller.engines.sim.stream import RequestStream
 from pdctl_api import profiles
 
@@ -40,23 +46,27 @@ logger = logging.getLogger(__name__)
 
 def capacity_blocks(cfg: SimEngineConfig) -> int:
     """KV blocks of the instance; never less than one full-length sequence needs."""
-    m, hw = profiles.model(cfg.model), profiles.hardware(cfg.hardware)
+    m, hw = cfg.model_profile, profiles.hardware(cfg.hardware)
     blocks = profiles.kv_capacity_tokens(m, hw, cfg.tp) // cfg.block_size
     return max(blocks, math.ceil(m.max_model_len / cfg.block_size))
 
 
-class SimEngine:
+class SimEngine(DecodeHops):
     def __init__(self, cfg: SimEngineConfig, engine_id: str, metrics: SimMetrics,
                  puller: KvPuller) -> None:
         self.cfg = cfg
         self.engine_id = engine_id
         self.metrics = metrics
-        self._model = profiles.model(cfg.model)
+        self._model = cfg.model_profile
         self._hw = profiles.hardware(cfg.hardware)
         self._link = profiles.link(cfg.link)
         self._puller = puller
         self.scheduler = Scheduler(capacity_blocks(cfg), cfg.block_size, cfg.max_num_seqs,
-                                   cfg.max_num_batched_tokens, cfg.kv_lease_duration_s)
+                                   cfg.max_num_batched_tokens, cfg.kv_lease_duration_s,
+                                   record_events=cfg.kv_events_enabled,
+                                   on_lookup=self._looked_up)
+        self.publisher: KvEventPublisher | None = None
+        self._flush: asyncio.Handle | None = None
         self._streams: dict[str, RequestStream] = {}
         self._remote: dict[str, RemoteKv] = {}  # decode hops whose pull has not started
         self._pulls: dict[str, asyncio.Task[None]] = {}
@@ -82,7 +92,8 @@ class SimEngine:
         stream = RequestStream(seq_id, time.monotonic(), req.stream)
         self.scheduler.add(Seq(seq_id, req.prompt_tokens, req.max_tokens,
                                hold_kv=req.remote_decode,
-                               remote_kv=req.remote_prefill is not None))
+                               remote_kv=req.remote_prefill is not None,
+                               token_ids=req.token_ids))
         self._streams[seq_id] = stream
         if req.remote_prefill is not None:
             remote = req.remote_prefill
@@ -128,8 +139,10 @@ class SimEngine:
 
     # ---- the side channel, prefill side ------------------------------------------------------
 
-    def serve_pull(self, seq_id: str, engine_id: str, block_ids: list[int]) -> Handle | None:
-        """A decode engine reads a prefill's KV and the handle is freed.
+    def serve_pull(self, seq_id: str, engine_id: str, block_ids: list[int]
+                   ) -> PullResult | None:
+        """A decode engine reads ``block_ids`` of a prefill's KV (the tail of the handle's
+        blocks: those the decode engine's prefix cache lacks) and the handle is freed.
 
         None when this engine no longer tracks the handle (lease expired, read or released
         already, never existed): the read still "succeeds", as a NIXL read of raw blocks
@@ -142,11 +155,12 @@ class SimEngine:
         if handle is None:
             self._unrecognized(seq_id)
             return None
-        if handle.blocks != block_ids:
+        if len(block_ids) > len(handle.blocks) or \
+                handle.blocks[len(handle.blocks) - len(block_ids):] != block_ids:
             raise KvRefused(f"KV handle {seq_id!r} holds other blocks than the "
                             f"{len(block_ids)} asked for")
         self._free_handle(seq_id)
-        return handle
+        return PullResult(handle.prompt_tokens, self.block_bytes(len(block_ids)))
 
     def serve_release(self, seq_id: str, engine_id: str) -> bool:
         """A decode engine will not read a handle (vLLM's notification-only read): free it.
@@ -176,6 +190,43 @@ class SimEngine:
     def kv_bytes(self, prompt_tokens: int) -> int:
         return profiles.kv_bytes(self._model, prompt_tokens, self.cfg.block_size)
 
+    def block_bytes(self, blocks: int) -> int:
+        return profiles.kv_bytes(self._model, blocks * self.cfg.block_size, self.cfg.block_size)
+
+    # ---- prefix cache and KV events ------------------------------------------------------
+
+    async def start_events(self) -> None:
+        """Bind the KV-event publisher when the config asks for one (the app's startup)."""
+        if self.cfg.kv_events_enabled and self.publisher is None:
+            assert self.cfg.kv_events_config is not None
+            self.publisher = await KvEventPublisher.start(self.cfg.kv_events_config)
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's ``reset_prefix_cache``: False while blocks are in use."""
+        done = self.scheduler.pool.reset()
+        self._note_events()
+        return done
+
+    def _looked_up(self, queried: int, hits: int) -> None:
+        self.metrics.prefix_cache_queries.inc(queried)
+        self.metrics.prefix_cache_hits.inc(hits)
+
+    def _note_events(self) -> None:
+        """Publish what happened between steps on the loop's next turn (one batch)."""
+        if self.publisher is not None and self._flush is None \
+                and self.scheduler.pool.has_events:
+            self._flush = asyncio.get_running_loop().call_soon(self._publish_events)
+
+    def _publish_events(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        pool = self.scheduler.pool
+        if pool.has_events:
+            events = pool.take_events()
+            if self.publisher is not None:
+                self.publisher.publish(events)
+
     async def close(self) -> None:
         if self._expiry is not None:
             self._expiry.cancel()
@@ -186,10 +237,17 @@ class SimEngine:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._puller.aclose()
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        if self.publisher is not None:
+            await self.publisher.close()
+            self.publisher = None
 
     # ---- the loop ------------------------------------------------------------------------
 
     def _kick(self) -> None:
+        self._note_events()
         if self._task is None or self._task.done():
             if self.scheduler.num_running or self.scheduler.num_waiting:
                 self._task = asyncio.get_running_loop().create_task(self._run())
@@ -202,6 +260,7 @@ class SimEngine:
             plan = self.scheduler.schedule()
             self._start_pulls(plan.kv_loads)
             if plan.empty:  # only KV pulls in flight or blocked on KV space: wait for news
+                self._publish_events()
                 self._wake.clear()
                 await self._wake.wait()
                 clock = time.monotonic()  # time spent idle is not lag to catch up on
@@ -217,6 +276,7 @@ class SimEngine:
             await asyncio.sleep(clock - start)
             now = time.monotonic()
             self._deliver(self.scheduler.complete(plan, now), now)
+            self._publish_events()  # one batch per step, as vLLM publishes
 
     def _duration(self, plan: StepPlan) -> float:
         prefill, decode = plan.workload()
@@ -248,7 +308,10 @@ class SimEngine:
         m.prefill_time.observe(now - (stream.scheduled_at or now))
         m.prompt_tokens.inc(seq.prompt_tokens)
         m.prompt_external.inc(seq.external_tokens)
-        m.prompt_local.inc(seq.prompt_tokens - seq.external_tokens)
+        m.prompt_cache_hit.inc(seq.local_hit)
+        m.prompt_local.inc(seq.prompt_tokens - seq.external_tokens - seq.local_hit)
+        # vLLM's num_cached_tokens: prompt tokens not computed here (local hits + remote KV)
+        stream.cached_tokens = seq.local_hit + seq.external_tokens
 
     def _finished(self, seq: Seq, stream: RequestStream, now: float) -> None:
         m = self.metrics
@@ -322,127 +385,3 @@ class SimEngine:
                            "by %d remote worker(s) before lease expired.", handle.seq_id, 0)
         if expired:
             self._kick()
-
-    # ---- KV leases on the decode side ----------------------------------------------------------
-
-    def _hold_lease(self, seq_id: str, remote: RemoteKv) -> None:
-        """Heartbeat ``remote`` until its read is over (vLLM: on_new_request)."""
-        self._leases[seq_id] = remote
-        if self._heartbeat_task is None or self._heartbeat_task.done():
-            self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeats())
-
-    def _drop_lease(self, seq_id: str) -> None:
-        """Stop heartbeating for ``seq_id`` (vLLM: _stop_heartbeat); the task ends with the
-        last lease, so an idle engine has none."""
-        if self._leases.pop(seq_id, None) is not None and not self._leases:
-            if self._heartbeat_task is not None:
-                self._heartbeat_task.cancel()
-                self._heartbeat_task = None
-
-    async def _heartbeats(self) -> None:
-        """One heartbeat per remote engine every ``lease / 6`` seconds, naming every lease
-        this engine waits on there. Like vLLM's throttle, the first one goes at once unless
-        one went less than an interval ago."""
-        interval = self.cfg.kv_heartbeat_interval_s
-        while self._leases:
-            wait = self._last_heartbeat + interval - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-                continue
-            self._last_heartbeat = time.monotonic()
-            by_engine: dict[tuple[str, str, int], dict[str, None]] = {}
-            for remote in self._leases.values():
-                key = (remote.engine_id, remote.host, remote.port)
-                by_engine.setdefault(key, {})[remote.request_id] = None
-            for (engine_id, host, port), ids in by_engine.items():
-                self._spawn(self._send_heartbeat(engine_id, host, port, list(ids),
-                                                 min(interval, PULL_TIMEOUT_S)))
-
-    async def _send_heartbeat(self, engine_id: str, host: str, port: int, ids: list[str],
-                              timeout_s: float) -> None:
-        try:
-            await self._puller.heartbeat(host, port, engine_id, ids, timeout_s)
-        except KvPullError as exc:
-            logger.debug("Failed to send heartbeat to engine %s: %s", engine_id, exc.reason)
-
-    def _release(self, remote: RemoteKv) -> None:
-        """Tell the prefill it can free a handle this engine will not read."""
-        self._spawn(self._send_release(remote))
-
-    async def _send_release(self, remote: RemoteKv) -> None:
-        try:
-            await self._puller.release(remote)
-        except KvPullError as exc:
-            logger.warning("Failed to notify engine %s to release the KV blocks of request %s; "
-                           "they will be freed when their lease expires: %s",
-                           remote.engine_id, remote.request_id, exc.reason)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run a notification in the background; ``close`` cancels those still running."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    # ---- KV pulls on the decode side -------------------------------------------------------
-
-    def _start_pulls(self, seqs: list[Seq]) -> None:
-        loop = asyncio.get_running_loop()
-        for seq in seqs:
-            remote = self._remote.pop(seq.seq_id)
-            self._pulls[seq.seq_id] = loop.create_task(
-                self._pull(seq.seq_id, remote, seq.prompt_tokens))
-
-    async def _pull(self, seq_id: str, remote: RemoteKv, prompt_tokens: int) -> None:
-        started = time.monotonic()
-        try:
-            result = await self._puller.pull(remote)
-        except KvPullError as exc:
-            self._pull_failed(seq_id, exc.reason, time.monotonic() - started)
-            return
-        # A stale read (the prefill no longer tracked the handle) moves this engine's own
-        # prompt worth of blocks, as a NIXL read of the raw blocks would.
-        kv_bytes = self.kv_bytes(prompt_tokens) if result.stale else result.kv_bytes
-        posted = time.monotonic()
-        await asyncio.sleep(profiles.transfer_seconds(kv_bytes, self._link)
-                            * self.cfg.time_scale)
-        self._pull_done(seq_id, remote, kv_bytes, posted - started, time.monotonic() - posted)
-
-    def _pull_done(self, seq_id: str, remote: RemoteKv, kv_bytes: int, post_s: float,
-                   xfer_s: float) -> None:
-        m = self.metrics
-        m.post_time.observe(post_s)
-        m.xfer_time.observe(xfer_s)
-        m.bytes_transferred.observe(kv_bytes)
-        m.descriptors.observe(len(remote.block_ids))
-        del self._pulls[seq_id]
-        self._drop_lease(seq_id)
-        if self._dropped_after_pull(seq_id):
-            return
-        self._streams[seq_id].kv_transfer_s = post_s + xfer_s
-        self.scheduler.kv_loaded(seq_id)
-        self._kick()
-
-    def _dropped_after_pull(self, seq_id: str) -> bool:
-        """A request aborted while its pull ran leaves once the pull is over."""
-        if seq_id not in self._draining:
-            return False
-        self._draining.discard(seq_id)
-        self.scheduler.abort(seq_id)
-        self._kick()
-        return True
-
-    def _pull_failed(self, seq_id: str, reason: str, elapsed_s: float) -> None:
-        self.metrics.failed_transfers.inc()
-        del self._pulls[seq_id]
-        self._drop_lease(seq_id)
-        if self._dropped_after_pull(seq_id):
-            return
-        stream = self._streams[seq_id]
-        stream.kv_transfer_s = elapsed_s
-        if self.cfg.kv_load_failure_policy == "recompute":
-            self.scheduler.kv_failed(seq_id)
-        else:
-            self.scheduler.abort(seq_id)
-            del self._streams[seq_id]
-            stream.finish(KvLoadFailure(reason))
-        self._kick()

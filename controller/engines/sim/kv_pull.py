@@ -2,8 +2,10 @@
 
 The simulator's "side channel" is the prefill engine's own HTTP port:
 
-- ``POST /sim/kv/pull`` reads a KV handle: it answers the prompt length and KV bytes and
-  frees the handle. A handle the prefill no longer tracks (its lease expired, it was read or
+- ``POST /sim/kv/pull`` reads a KV handle: it answers the prompt length and the KV bytes of
+  the blocks read and frees the handle. The blocks read are the tail of the handle's (a
+  decode engine reads only the blocks its own prefix cache lacks; none is a
+  notification-only read). A handle the prefill no longer tracks (its lease expired, it was read or
   released already) still answers 200, with ``{"stale": true}``: vLLM's decode reads raw
   blocks and only the prefill notices. Only a wrong engine id (vLLM's handshake fails) or a
   prefill that cannot be reached fails the pull.
@@ -42,13 +44,12 @@ class KvRefused(Exception):
 class SideChannel(Protocol):
     """The prefill side of the calls, as an engine in this process serves them."""
 
-    def serve_pull(self, seq_id: str, engine_id: str, block_ids: list[int]) -> Any: ...
+    def serve_pull(self, seq_id: str, engine_id: str, block_ids: list[int]
+                   ) -> PullResult | None: ...
 
     def serve_release(self, seq_id: str, engine_id: str) -> bool: ...
 
     def serve_heartbeat(self, engine_id: str, seq_ids: list[str]) -> int: ...
-
-    def kv_bytes(self, prompt_tokens: int) -> int: ...
 
 
 Peers = Callable[[str, int], "SideChannel | None"]
@@ -104,20 +105,20 @@ class KvPuller:
             self._client = httpx.AsyncClient(transport=self._transport, timeout=PULL_TIMEOUT_S)
         return self._client
 
-    async def pull(self, remote: RemoteKv) -> PullResult:
+    async def pull(self, remote: RemoteKv, block_ids: list[int] | None = None) -> PullResult:
+        """Read ``block_ids`` (the tail of the handle's; default: all of them)."""
         where = f"{remote.host}:{remote.port}"
+        blocks = remote.block_ids if block_ids is None else block_ids
         peer = self._peer(remote.host, remote.port)
         if peer is not None:
             try:
-                handle = peer.serve_pull(remote.request_id, remote.engine_id, remote.block_ids)
+                result = peer.serve_pull(remote.request_id, remote.engine_id, blocks)
             except KvRefused as exc:
                 raise KvPullError(f"KV handshake with engine {remote.engine_id!r} at {where} "
                                   f"failed: {exc}") from exc
-            if handle is None:
-                return PullResult(0, 0, stale=True)
-            return PullResult(handle.prompt_tokens, peer.kv_bytes(handle.prompt_tokens))
+            return PullResult(0, 0, stale=True) if result is None else result
         body = {"remote_request_id": remote.request_id, "remote_engine_id": remote.engine_id,
-                "remote_block_ids": remote.block_ids}
+                "remote_block_ids": blocks}
         try:
             resp = await self._http().post(pull_url(remote.host, remote.port), json=body)
         except httpx.HTTPError as exc:

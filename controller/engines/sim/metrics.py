@@ -46,6 +46,12 @@ class SimMetrics:
                             "Wall seconds of engine steps as modelled (x time_scale)")
         self.lag = counter("pdctl_sim_lag_seconds_total",
                            "Wall seconds the engine loop ran behind its modelled clock")
+        # In tokens, as vLLM counts them: each request's prompt when first looked up, and
+        # the leading tokens of it found in this engine's prefix cache.
+        self.prefix_cache_queries = counter("vllm:prefix_cache_queries_total",
+                                            "Prefix cache queries, in tokens.")
+        self.prefix_cache_hits = counter("vllm:prefix_cache_hits_total",
+                                         "Prefix cache hits, in tokens.")
         self.generation_tokens = counter("vllm:generation_tokens_total", "Tokens generated.")
         self.failed_transfers = counter("vllm:nixl_num_failed_transfers_total",
                                         "KV pulls that failed (decode side).")
@@ -62,6 +68,7 @@ class SimMetrics:
         by_source = Counter("vllm:prompt_tokens_by_source", "Prompt tokens by where their KV "
                             "came from.", ["model_name", "source"], registry=r)
         self.prompt_local = by_source.labels(model_name, "local_compute")
+        self.prompt_cache_hit = by_source.labels(model_name, "local_cache_hit")
         self.prompt_external = by_source.labels(model_name, "external_kv_transfer")
         self.ttft = histogram("vllm:time_to_first_token_seconds",
                               "Arrival to first token.", _LATENCY_BUCKETS)

@@ -6,7 +6,7 @@ edge renders it in OpenAI's ``{"error": {"message", "type", "code"}}`` shape.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from controller.tokens import EstimatingCounter, prompt_of
@@ -47,6 +47,9 @@ class RemoteKv:
     host: str
     port: int
     block_ids: list[int]
+    # the prefill's own cache hits (vLLM 0.32 adds remote_prefill_cached_tokens to what a
+    # prefill hop returns; the decode hop reports them as its cached_tokens)
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,7 @@ class SimRequest:
     include_usage: bool
     remote_decode: bool  # prefill hop: keep the KV for a decode engine
     remote_prefill: RemoteKv | None  # decode hop: pull the KV from here
+    token_ids: list[int] = field(default_factory=list)  # the prompt's, as the engine counts
 
 
 def _int_field(body: dict[str, Any], key: str, minimum: int) -> int | None:
@@ -118,7 +122,9 @@ def _remote_kv(params: dict[str, Any]) -> RemoteKv:
     if not ok:
         raise EngineError("kv_transfer_params: remote_engine_id, remote_request_id and remote_host "
                        "must be strings, remote_port an integer, remote_block_ids integers")
-    return RemoteKv(engine_id, request_id, host, port, block_ids)
+    cached = params.get("remote_prefill_cached_tokens")
+    return RemoteKv(engine_id, request_id, host, port, block_ids,
+                    cached if isinstance(cached, int) and not isinstance(cached, bool) else None)
 
 
 def _kv_params(body: dict[str, Any]) -> tuple[bool, RemoteKv | None]:
@@ -172,7 +178,8 @@ def parse_request(body: Any, *, chat: bool, request_id: str, model_name: str,
     if body.get("n", 1) != 1:
         raise EngineError("n must be 1 (the simulated engine returns one choice)")
     max_tokens = _max_tokens(body, chat)
-    prompt_tokens = _COUNTER.count(body)
+    token_ids = _COUNTER.token_ids(body)
+    prompt_tokens = len(token_ids)
     if prompt_tokens < 1:
         raise EngineError("the prompt is empty")
     if prompt_tokens + max_tokens > max_model_len:
@@ -187,4 +194,4 @@ def parse_request(body: Any, *, chat: bool, request_id: str, model_name: str,
         chat=chat, request_id=request_id, prompt=prompt_of(body), prompt_tokens=prompt_tokens,
         max_tokens=1 if remote_decode else max_tokens, stream=stream,
         include_usage=stream and _include_usage(body), remote_decode=remote_decode,
-        remote_prefill=remote_prefill)
+        remote_prefill=remote_prefill, token_ids=token_ids)

@@ -2,6 +2,17 @@
 
 Pure functions of a finished (or progressing) ``RequestStream``; shapes follow vLLM's OpenAI
 server, including its ``kv_transfer_params`` and ``--enable-per-request-metrics`` fields.
+
+``usage.prompt_tokens_details.cached_tokens`` (with ``--enable-prompt-tokens-details``) is
+vLLM 0.32's ``num_cached_tokens``: the prompt tokens the engine did not compute, its local
+prefix-cache hits plus KV loaded from elsewhere (``v1/metrics/stats.py``, ``PrefillStats``).
+On a decode hop vLLM reports the *prefill's* hits instead: the prefill hop adds
+``remote_prefill_cached_tokens`` (its own ``num_cached_tokens``) to the
+``kv_transfer_params`` it returns (``v1/core/sched/scheduler.py:2230-2241``), and the decode
+engine, finding it in the request's ``kv_transfer_params``, reports that number
+(``v1/engine/output_processor.py:238-249, 741-742``): "instead of its own (~100%) hit rate
+from the KV transfer". The simulator does the same; without that field a decode hop reports
+its local hits plus the tokens pulled.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ class Reply:
     model: str
     seed: int
     kv_endpoint: dict[str, Any]  # remote_engine_id, remote_host, remote_port, tp_size
+    prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
 
 
 def request_metrics(s: RequestStream) -> dict[str, float]:
@@ -51,13 +63,25 @@ def kv_transfer_params(r: Reply) -> dict[str, Any] | None:
         return None
     return {"do_remote_prefill": True, "do_remote_decode": False,
             "remote_block_ids": r.stream.handle_blocks,
-            "remote_request_id": r.stream.seq_id, **r.kv_endpoint}
+            "remote_request_id": r.stream.seq_id, **r.kv_endpoint,
+            "remote_prefill_cached_tokens": r.stream.cached_tokens}
 
 
-def usage(r: Reply) -> dict[str, int]:
+def reported_cached_tokens(r: Reply) -> int:
+    """What vLLM reports as the request's cached tokens (see the module's docstring)."""
+    remote = r.req.remote_prefill
+    if remote is not None and remote.cached_tokens is not None:
+        return remote.cached_tokens
+    return r.stream.cached_tokens
+
+
+def usage(r: Reply) -> dict[str, Any]:
     n = r.stream.num_tokens
-    return {"prompt_tokens": r.req.prompt_tokens, "completion_tokens": n,
-            "total_tokens": r.req.prompt_tokens + n}
+    body: dict[str, Any] = {"prompt_tokens": r.req.prompt_tokens, "completion_tokens": n,
+                            "total_tokens": r.req.prompt_tokens + n}
+    if r.prompt_tokens_details:
+        body["prompt_tokens_details"] = {"cached_tokens": reported_cached_tokens(r)}
+    return body
 
 
 def full_body(r: Reply) -> dict[str, Any]:

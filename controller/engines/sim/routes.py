@@ -32,7 +32,6 @@ from controller.engines.sim.protocol import (
 )
 from controller.engines.sim.stream import RequestStream
 from controller.engines.sim.text import prompt_seed
-from pdctl_api import profiles
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,7 @@ async def models(request: Request) -> JSONResponse:
     st = _state(request)
     card = {"id": st.cfg.model_name, "object": "model", "created": st.created,
             "owned_by": "vllm", "root": st.cfg.model, "parent": None,
-            "max_model_len": profiles.model(st.cfg.model).max_model_len, "permission": []}
+            "max_model_len": st.cfg.model_profile.max_model_len, "permission": []}
     return JSONResponse({"object": "list", "data": [card]})
 
 
@@ -88,7 +87,8 @@ async def info(request: Request) -> JSONResponse:
     st = _state(request)
     body = dataclasses.asdict(st.cfg)
     body.update(engine_id=st.engine.engine_id, served_model_name=st.cfg.model_name,
-                kv_capacity_blocks=st.engine.scheduler.pool.capacity)
+                kv_capacity_blocks=st.engine.scheduler.pool.capacity,
+                kv_cached_blocks=st.engine.scheduler.pool.num_cached)
     return JSONResponse(body)
 
 
@@ -141,15 +141,24 @@ async def kv_pull(request: Request) -> JSONResponse:
     blocks "succeeds" as in NIXL, and only this side counts and logs it.
     """
     engine = _state(request).engine
-    handle = await _side_channel(request, "pull", {
+    result = await _side_channel(request, "pull", {
         "remote_request_id": _STR, "remote_engine_id": _STR, "remote_block_ids": _INTS},
         engine.serve_pull)
-    if isinstance(handle, JSONResponse):
-        return handle
-    if handle is None:
+    if isinstance(result, JSONResponse):
+        return result
+    if result is None:
         return JSONResponse({"stale": True})
-    return JSONResponse({"prompt_tokens": handle.prompt_tokens,
-                         "kv_bytes": engine.kv_bytes(handle.prompt_tokens)})
+    return JSONResponse({"prompt_tokens": result.prompt_tokens, "kv_bytes": result.kv_bytes})
+
+
+async def reset_prefix_cache(request: Request) -> Response:
+    """vLLM's ``POST /reset_prefix_cache`` (a dev-mode endpoint there): forget every cached
+    block, publishing ``AllBlocksCleared``; refused (409 here) while blocks are in use, where
+    vLLM logs that it failed."""
+    if _state(request).engine.reset_prefix_cache():
+        return Response(status_code=200)
+    return _error(EngineError("cannot reset the prefix cache while blocks are in use", 409,
+                              "Conflict"), {})
 
 
 async def kv_release(request: Request) -> JSONResponse:
@@ -189,7 +198,7 @@ async def _generate(request: Request, chat: bool) -> Response:
     try:
         req = parse_request(body, chat=chat, request_id=request_id,
                             model_name=st.cfg.model_name,
-                            max_model_len=profiles.model(st.cfg.model).max_model_len)
+                            max_model_len=st.cfg.model_profile.max_model_len)
     except EngineError as err:
         remote = rejected_remote_prefill(body)
         if remote is not None:  # vLLM frees the prefill's KV of a rejected decode hop
@@ -213,7 +222,8 @@ async def _generate(request: Request, chat: bool) -> Response:
 def _reply(st: SimState, req: SimRequest, stream: RequestStream) -> out.Reply:
     prefix = "chatcmpl" if req.chat else "cmpl"
     return out.Reply(req, stream, f"{prefix}-{req.request_id}", int(time.time()),
-                     st.cfg.model_name, prompt_seed(req.prompt), st.kv_endpoint)
+                     st.cfg.model_name, prompt_seed(req.prompt), st.kv_endpoint,
+                     st.cfg.enable_prompt_tokens_details)
 
 
 async def _abort_on_disconnect(receive: Receive, engine: SimEngine,

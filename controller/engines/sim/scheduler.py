@@ -5,6 +5,15 @@ The engine asks for a ``StepPlan``, sleeps the plan's modelled duration, then ca
 count of computed tokens against its total (prompt + outputs so far), so prefill, chunked
 prefill, decode, recompute after preemption and a decode that starts from remote KV are one
 mechanism. Times are passed in (``now``) so tests drive the scheduler from tables.
+
+Prefix caching follows vLLM 0.32's v1 KV cache manager (see ``blocks``): a sequence admitted
+with nothing computed first looks up its prompt's leading full blocks in the cache, at most
+``total - 1`` tokens of them (vLLM's ``max_cache_hit_length``: the last token is always
+computed, to sample from), and starts computing after the hit. A block is cached once it is
+scheduled to be filled (vLLM's ``allocate_slots`` caches the full blocks of the tokens it
+schedules); a decode hop's blocks only once its KV pull is done (vLLM delays caching of
+asynchronously loaded blocks). Only prompt blocks are cached: blocks filled by generated
+tokens are not hashed here (vLLM would cache those too).
 """
 
 from __future__ import annotations
@@ -12,9 +21,10 @@ from __future__ import annotations
 import enum
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from controller.engines.sim.blocks import BlockPool
+from controller.engines.sim.blocks import BlockPool, block_hashes
 
 
 class Status(enum.Enum):
@@ -40,6 +50,16 @@ class Seq:
     external_tokens: int = 0  # prompt tokens whose KV came over the wire
     scheduled: bool = False  # has been part of a step (ends its queue time)
     blocks: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)  # the prompt's (empty: never cached)
+    block_size: int = 0  # block_hashes are over blocks of this size (0: none yet)
+    block_hashes: list[int] = field(default_factory=list)  # the prompt's full blocks
+    local_hit: int = 0  # prompt tokens found in this engine's prefix cache when admitted
+    num_cached_blocks: int = 0  # leading blocks of ``blocks`` that are cached (hashed)
+    preempted: bool = False
+
+    @property
+    def hit_blocks(self) -> int:
+        return self.local_hit // self.block_size if self.block_size else 0
 
     @property
     def total(self) -> int:
@@ -101,8 +121,11 @@ class Scheduler:
     """Waiting and running queues over a block pool, plus the handles of finished prefills."""
 
     def __init__(self, capacity_blocks: int, block_size: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, kv_lease_s: float = 30.0) -> None:
-        self.pool = BlockPool(capacity_blocks)
+                 max_num_batched_tokens: int, kv_lease_s: float = 30.0,
+                 record_events: bool = False,
+                 on_lookup: Callable[[int, int], None] | None = None) -> None:
+        self.pool = BlockPool(capacity_blocks, block_size, record_events)
+        self.on_lookup = on_lookup  # (queried tokens, hit tokens) of each first admission
         self.kv_lease_s = kv_lease_s
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
@@ -138,6 +161,9 @@ class Scheduler:
     def add(self, seq: Seq) -> None:
         if self.in_use(seq.seq_id):
             raise ValueError(f"sequence id {seq.seq_id!r} is already in use")
+        if seq.token_ids and not seq.block_hashes:
+            seq.block_hashes = block_hashes(seq.token_ids, self.block_size)
+        seq.block_size = self.block_size
         self._live[seq.seq_id] = seq
         self.waiting.append(seq)
 
@@ -162,12 +188,14 @@ class Scheduler:
         """
         seq = self._live[seq_id]
         seq.status, seq.remote_kv = Status.WAITING, False
-        seq.num_computed = seq.external_tokens = max(seq.prompt_tokens - 1, 0)
+        seq.num_computed = max(seq.prompt_tokens - 1, seq.local_hit)
+        seq.external_tokens = seq.num_computed - seq.local_hit
+        self._cache(seq, seq.prompt_tokens)
 
     def kv_failed(self, seq_id: str) -> None:
         """The pull failed and the policy is recompute: prefill locally in the same blocks."""
         seq = self._live[seq_id]
-        seq.status, seq.remote_kv, seq.num_computed = Status.WAITING, False, 0
+        seq.status, seq.remote_kv, seq.num_computed = Status.WAITING, False, seq.local_hit
 
     def pull(self, seq_id: str) -> Handle | None:
         """Hand a prefill's KV to a puller: the handle goes and its blocks are freed."""
@@ -266,16 +294,21 @@ class Scheduler:
             if seq.status is Status.WAITING_FOR_REMOTE_KV:
                 skipped.append(self.waiting.popleft())
                 continue
-            if seq.remote_kv:  # blocks for the whole prompt, then the pull fills them
-                if not self._grow(seq, seq.prompt_tokens):
+            hits = self._lookup(seq)
+            if seq.remote_kv:  # blocks for the whole prompt, then the pull fills the missing
+                if not self._grow(seq, seq.prompt_tokens, hits):
                     break
+                self._hit(seq, hits)
                 seq.status = Status.WAITING_FOR_REMOTE_KV
                 plan.kv_loads.append(seq)
                 skipped.append(self.waiting.popleft())
                 continue
-            n = min(seq.total - seq.num_computed, budget)
-            if not self._grow(seq, seq.num_computed + n):
+            start = len(hits) * self.block_size if hits else seq.num_computed
+            n = min(seq.total - start, budget)
+            if not self._grow(seq, start + n, hits):
                 break  # first come, first served: no overtaking a request that does not fit
+            self._hit(seq, hits)
+            seq.num_computed = start
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
@@ -283,20 +316,52 @@ class Scheduler:
             budget -= n
         self.waiting.extendleft(reversed(skipped))
 
+    def _lookup(self, seq: Seq) -> list[int] | None:
+        """The cached blocks a sequence with no blocks yet may start from (None: no lookup,
+        the sequence keeps its blocks)."""
+        if seq.blocks or not seq.block_hashes:
+            return None
+        return self.pool.lookup(seq.block_hashes[:(seq.total - 1) // self.block_size])
+
+    def _hit(self, seq: Seq, hits: list[int] | None) -> None:
+        """``seq`` was admitted (its blocks taken) after a lookup that found ``hits``."""
+        if hits is None:
+            return
+        seq.local_hit = len(hits) * self.block_size
+        seq.num_cached_blocks = len(hits)
+        if not seq.preempted and self.on_lookup is not None:
+            self.on_lookup(seq.total, seq.local_hit)
+
+    def _cache(self, seq: Seq, tokens: int) -> None:
+        """The prompt's full blocks within the first ``tokens`` tokens are filled."""
+        upto = min(tokens // self.block_size, len(seq.block_hashes), len(seq.blocks))
+        if upto > seq.num_cached_blocks:
+            self.pool.cache(seq.blocks, seq.block_hashes, seq.token_ids, seq.num_cached_blocks,
+                            upto)
+            seq.num_cached_blocks = upto
+
     def _put(self, plan: StepPlan, seq: Seq, n: int) -> None:
         plan.chunks.append((seq, n))
+        if seq.num_cached_blocks < len(seq.block_hashes):
+            self._cache(seq, seq.num_computed + n)
         if not seq.scheduled:
             seq.scheduled = True
             plan.first_scheduled.append(seq)
 
-    def _grow(self, seq: Seq, tokens: int) -> bool:
-        """Give ``seq`` blocks for ``tokens`` cached tokens; False if the pool is short."""
-        need = math.ceil(tokens / self.block_size) - len(seq.blocks)
-        if need <= 0:
+    def _grow(self, seq: Seq, tokens: int, hits: list[int] | None = None) -> bool:
+        """Give ``seq`` blocks for ``tokens`` cached tokens, the cache ``hits`` first;
+        False if the pool is short (then nothing changes)."""
+        hits = hits or []
+        need = math.ceil(tokens / self.block_size) - len(seq.blocks) - len(hits)
+        if need <= 0 and not hits:
             return True
-        if need > self.pool.free:
+        if max(need, 0) + self.pool.evictable(hits) > self.pool.free:
             return False
-        seq.blocks.extend(self.pool.take(need))
+        if hits:  # held before taking, so that taking cannot evict them
+            self.pool.touch(hits)
+            seq.blocks.extend(hits)
+        if need > 0:
+            seq.blocks.extend(self.pool.take(need))
         return True
 
     def _grow_or_preempt(self, seq: Seq, tokens: int) -> bool:
@@ -314,6 +379,7 @@ class Scheduler:
     def _preempt(self, seq: Seq) -> None:
         self._release(seq)
         seq.status, seq.remote_kv, seq.num_computed = Status.WAITING, False, 0
+        seq.preempted, seq.local_hit = True, 0
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
@@ -330,3 +396,4 @@ class Scheduler:
     def _release(self, seq: Seq) -> None:
         self.pool.give_back(seq.blocks)
         seq.blocks = []
+        seq.num_cached_blocks = 0

@@ -17,7 +17,12 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from controller.engines.sim import routes
-from controller.engines.sim.config import SimConfigError, SimEngineConfig, validate_config
+from controller.engines.sim.config import (
+    SimConfigError,
+    SimEngineConfig,
+    parse_kv_events_config,
+    validate_config,
+)
 from controller.engines.sim.engine import SimEngine
 from controller.engines.sim.kv_pull import (
     HEARTBEAT_PATH,
@@ -51,8 +56,11 @@ def create_engine_app(cfg: SimEngineConfig, kv_transport: httpx.AsyncBaseTranspo
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        yield
-        await engine.close()
+        try:
+            await engine.start_events()  # binds the KV-event sockets, if configured
+            yield
+        finally:
+            await engine.close()
 
     app = Starlette(routes=[
         Route("/health", routes.health, methods=["GET"]),
@@ -64,6 +72,7 @@ def create_engine_app(cfg: SimEngineConfig, kv_transport: httpx.AsyncBaseTranspo
         Route(PULL_PATH, routes.kv_pull, methods=["POST"]),
         Route(RELEASE_PATH, routes.kv_release, methods=["POST"]),
         Route(HEARTBEAT_PATH, routes.kv_heartbeat, methods=["POST"]),
+        Route("/reset_prefix_cache", routes.reset_prefix_cache, methods=["POST"]),
     ], lifespan=lifespan)
     kv_endpoint = {"remote_engine_id": engine_id, "remote_host": advertised_host(cfg.host),
                    "remote_port": cfg.port, "tp_size": cfg.tp}
@@ -104,6 +113,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p("--engine-id", default=None, help="NIXL engine id (default: a fresh uuid4 hex)")
     p("--startup-delay-s", type=float, default=0.0,
       help="wall seconds /health answers 503, modelling engine load (default: %(default)s)")
+    p("--max-model-len", type=int, default=None, metavar="N",
+      help="context served, prompt + completion tokens (default: the model profile's; at "
+      "most that)")
+    p("--kv-events-config", default=None, metavar="JSON",
+      help="vLLM's KV-event publisher config, e.g. {\"enable_kv_cache_events\": true, "
+      "\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": "
+      "\"tcp://*:5558\"} (default: no events)")
+    p("--enable-prompt-tokens-details", action="store_true", default=False,
+      help="usage carries prompt_tokens_details.cached_tokens, as in vLLM")
 
 
 def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
@@ -114,7 +132,10 @@ def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
         time_scale=args.time_scale, kv_load_failure_policy=args.kv_load_failure_policy,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         kv_lease_duration_s=args.kv_lease_duration, block_size=args.block_size,
-        engine_id=args.engine_id, startup_delay_s=args.startup_delay_s)
+        engine_id=args.engine_id, startup_delay_s=args.startup_delay_s,
+        max_model_len=args.max_model_len,
+        kv_events_config=parse_kv_events_config(args.kv_events_config),
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details)
     validate_config(cfg)
     return cfg
 

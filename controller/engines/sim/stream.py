@@ -14,6 +14,7 @@ from controller.engines.sim.protocol import EngineError
 class RequestStream:
     __slots__ = ("seq_id", "arrival", "streaming", "scheduled_at", "first_token_at",
                  "last_token_at", "kv_transfer_s", "num_tokens", "error", "handle_blocks",
+                 "cached_tokens",
                  "done", "_waiter")
 
     def __init__(self, seq_id: str, arrival: float, streaming: bool) -> None:
@@ -27,6 +28,7 @@ class RequestStream:
         self.num_tokens = 0
         self.error: EngineError | None = None
         self.handle_blocks: list[int] | None = None  # a prefill hop's KV, kept for a puller
+        self.cached_tokens = 0  # prompt tokens not computed here (vLLM's num_cached_tokens)
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiter: asyncio.Future[None] | None = None
 

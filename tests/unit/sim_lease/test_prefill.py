@@ -83,6 +83,8 @@ async def test_a_late_pull_after_expiry_succeeds_silently_on_decode(
         caplog: pytest.LogCaptureFixture) -> None:
     async with pair({"kv_lease_duration_s": 0.1}) as pp:
         colocated = (await pp.decode.post("/v1/completions", json=BODY)).json()
+        # forget the prompt's blocks the colocated request cached: the read covers them all
+        assert (await pp.decode.post("/reset_prefix_cache")).status_code == 200
         params = await prefill_hop(pp.prefill)
         await until(lambda: pp.p.scheduler.pool.used == 0, timeout=1.0)
         r = await pp.decode.post("/v1/completions", json={**BODY, "kv_transfer_params": params})
