@@ -116,3 +116,26 @@ def test_large_drift_is_a_warning() -> None:
     records = [rec(str(k), RequestPath.COLOCATED, 1000, 900, 100) for k in range(10)]
     out = report(records, [])
     assert any("predicted 80% of prompt tokens more" in w for w in out["warnings"])
+
+
+async def test_an_instance_whose_events_stop_is_marked_stale_and_routed_by_load() -> None:
+    """Sent a prompt with new blocks, an engine that publishes nothing for ``silence_s`` is
+    stale: no prefix is predicted on it (the cache-aware policy routes it by load) and the
+    console's report warns."""
+    hub = KvEventsHub(B, silence_s=0.5, clock=time.monotonic)
+    try:
+        hub.watch("p-1", (f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"))
+        assert hub.index.trusted("p-1")
+        hub.sent("p-1")
+        deadline = time.monotonic() + 10
+        while hub.index.trusted("p-1"):
+            assert time.monotonic() < deadline, "a silent publisher was never marked stale"
+            await asyncio.sleep(0.1)
+        [state] = hub.states(["p-1"])
+        assert state.health is not None and "no KV events for 0.5 s" in str(
+            state.health.stale_reason)
+        assert hub.index.longest_prefix("p-1", _own(PROMPT)) == 0
+        out = report([], [state])
+        assert "no KV events for 0.5 s" in out["warnings"][0]
+    finally:
+        await hub.close()
