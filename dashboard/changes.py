@@ -132,6 +132,34 @@ def threshold_preview(old: int, new: int, prompts: list[int]) -> str:
             f"prompts of {lo}-{hi - 1} tokens: they would have gone {where}")
 
 
+CACHE_AWARE = "cache_aware"
+POLICY_POOLS = {"prefill_policy": "prefill", "decode_policy": "decode"}
+
+
+def cache_notes(current: RoutingPublic, patch: dict[str, Any]) -> list[str]:
+    """What a change of the routing by prefix cache does: a pool that starts or stops routing
+    ``cache_aware``, and a ``cache_load_limit`` that no pool would use."""
+    limit = patch.get("cache_load_limit", current.cache_load_limit)
+    out = []
+    for key, pool in POLICY_POOLS.items():
+        if key not in patch:
+            continue
+        if patch[key] == CACHE_AWARE:
+            out.append(f"the {pool} pool sends each prompt to the instance that holds its "
+                       "longest cached prefix (from the engines' KV events), unless that "
+                       f"instance has more than {limit} requests above the least loaded "
+                       "(`cache_load_limit`); an instance whose KV index is stale, or that "
+                       "publishes no events, is routed by load (Pools shows each index)")
+        elif getattr(current, key) == CACHE_AWARE:
+            out.append(f"the {pool} pool stops routing by prefix cache: prompts go "
+                       f"{patch[key]}, wherever their prefix is cached")
+    after = {k: patch.get(k, getattr(current, k)) for k in POLICY_POOLS}
+    if "cache_load_limit" in patch and CACHE_AWARE not in after.values():
+        out.append("`cache_load_limit` applies to a pool routed `cache_aware` only, and none "
+                   "is")
+    return out
+
+
 def routing_change(current: RoutingPublic, patch: dict[str, Any],
                    recent_prompts: list[int] | None = None) -> PendingChange:
     """The reviewed routing change: each field old -> new, a preview of a threshold change
@@ -141,6 +169,7 @@ def routing_change(current: RoutingPublic, patch: dict[str, Any],
         effects.append(threshold_preview(current.disagg_min_prompt_tokens,
                                          int(patch["disagg_min_prompt_tokens"]),
                                          recent_prompts))
+    effects += cache_notes(current, patch)
     disruptive = any(_tightens(k, getattr(current, k), v) for k, v in patch.items())
     if disruptive:
         effects.append("a tighter limit: requests beyond it are refused (429), cut or served "

@@ -8,6 +8,7 @@ import pandas as pd
 
 from dashboard import altair_speed
 from dashboard.frames import PART_LABELS, PATHS, ROLE_NAMES
+from dashboard.prefix_cache import PREDICTED, REPORTED
 from dashboard.timeline import MARK_COLORS
 
 altair_speed.install()
@@ -300,3 +301,21 @@ def bandwidth_by_source(bw: pd.DataFrame, ceiling_gbps: float, link: str) -> alt
     ceiling = _dashed_levels(_ceiling(ceiling_gbps, link), "gbps", "#e45756", ".1f",
                              labelled=False)
     return alt.LayerChart(layer=[lines, *ceiling], height=HEIGHT)
+
+
+HIT_SERIES = [REPORTED, PREDICTED]
+HIT_COLORS = alt.Scale(domain=HIT_SERIES, range=["#4c78a8", "#f58518"])
+
+
+def hit_rates(long: pd.DataFrame) -> alt.Chart:
+    """Prefix-cache hit rate per bucket (``time, series, value``: ``prefix_cache.
+    hit_rate_series``), as the engines report it and as the router predicted it (dashed)."""
+    return alt.Chart(long, height=HEIGHT - 40).mark_line(point=True).encode(
+        x=TIME, y=alt.Y("value:Q", title="prefix cache hit rate",
+                        scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(format="%")),
+        color=alt.Color("series:N", title=None, scale=HIT_COLORS,
+                        legend=alt.Legend(orient="bottom")),
+        strokeDash=alt.StrokeDash("series:N", legend=None, scale=alt.Scale(
+            domain=HIT_SERIES, range=[[1, 0], [6, 3]])),
+        tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"), "series:N",
+                 alt.Tooltip("value:Q", format=".1%")])

@@ -21,6 +21,7 @@ from dashboard.ui.timerange import TimeRange
 from pdctl_api.schema import (
     AccessPublic,
     AdvisorPublic,
+    CachePublic,
     ClusterPublic,
     EventPublic,
     RequestPublic,
@@ -196,7 +197,7 @@ def range_events(rng: TimeRange, limit: int = 500, kind: str | None = None
 def forget_reads() -> None:
     """After a change: the next read must show it."""
     for fn in (_cluster, _stats, _timeseries, _requests, _advisor, _audit_events,
-               _range_events, _targets, _utilization,
+               _range_events, _targets, _utilization, _cache,
                *prom_reads.CACHED):
         fn.clear()
 
@@ -213,3 +214,17 @@ def range_utilization(rng: TimeRange) -> UtilizationPublic | None:
     c = client()
     window, end = rng.asked()
     return _utilization(c.cache_key, window, step_for(window), end, c)
+
+
+@st.cache_data(ttl=CACHE_TTL_S, max_entries=32, show_spinner=False)
+def _cache(key: str, window_s: float, step_s: float, end: float | None,
+           _c: ControllerClient) -> CachePublic | None:
+    return _or_absent(lambda: _c.cache(window_s, step_s, end), _none)
+
+
+def range_cache(rng: TimeRange) -> CachePublic | None:
+    """``/api/v1/cache`` of the range in ``/timeseries``'s buckets (about 60): the prefix
+    cache's hit rates, savings and block index; None from a controller older than it."""
+    c = client()
+    window, end = rng.asked()
+    return _cache(c.cache_key, window, step_for(window), end, c)

@@ -1,4 +1,5 @@
-"""Controls: pool size and TP per pool, routing policy and thresholds, draining an instance.
+"""Controls: pool size and TP per pool, routing policy (round_robin, least_loaded, cache_aware)
+and thresholds (``cache_load_limit`` among them), draining an instance.
 
 Pool changes and drains are reviewed first and sent only after the operator confirms; the
 review of a pool change shows the controller's own plan for it (its dry run); a change the
@@ -19,6 +20,10 @@ from dashboard.ui.sidebar import run_every
 from pdctl_api.schema import InstancePublic, PolicyName, PoolPublic, Role, RoutingPublic
 
 POLICY_NAMES: list[str] = list(get_args(PolicyName))  # the router's, for each pool
+POLICY_HELP = ("round_robin: in turn; least_loaded: the instance with the fewest requests; "
+               "cache_aware: the instance holding the prompt's longest cached prefix (the "
+               "engines' KV events) within the load limit below, by load where its KV index "
+               "is stale (Pools shows the prefix cache)")
 
 st.title("Controls")
 st.caption("Every change goes through the control API and lands in the audit log (Events)")
@@ -121,10 +126,10 @@ def routing_form(current: RoutingPublic) -> None:
         wanted: dict[str, Any] = {
             "prefill_policy": a.selectbox("prefill policy", POLICY_NAMES,
                                           index=POLICY_NAMES.index(current.prefill_policy),
-                                          key=f"r-pp-{v}"),
+                                          key=f"r-pp-{v}", help=POLICY_HELP),
             "decode_policy": b.selectbox("decode policy", POLICY_NAMES,
                                          index=POLICY_NAMES.index(current.decode_policy),
-                                         key=f"r-dp-{v}"),
+                                         key=f"r-dp-{v}", help=POLICY_HELP),
             "disagg_min_prompt_tokens": a.number_input(
                 "disaggregate from prompt tokens", min_value=0,
                 value=current.disagg_min_prompt_tokens, step=64, key=f"r-min-{v}",
@@ -155,6 +160,12 @@ def routing_form(current: RoutingPublic) -> None:
                 "longest wait for a prefill slot (s)", min_value=0.1,
                 value=current.prefill_queue_timeout_s, step=5.0, key=f"r-pqt-{v}",
                 help="then the request is served colocated"),
+            "cache_load_limit": a.number_input(
+                "cache_aware load limit (requests above the least loaded)", min_value=0,
+                max_value=100_000, value=current.cache_load_limit, step=1, key=f"r-cll-{v}",
+                help="cache_aware: an instance with more than this many requests (in flight "
+                     "plus waiting) above the least loaded one gets no request for its cached "
+                     "prefix; 0: affinity only among the least loaded"),
         }
         if st.form_submit_button("Review routing change"):
             patch = changes.routing_patch(current, wanted)

@@ -1,14 +1,16 @@
 """Overview: live TTFT broken into its parts, request rate, disaggregated vs colocated share,
 and the alerts: KV transfer taking more than the configured share of TTFT, reads of KV blocks
 a prefill engine had already freed (output may be wrong), leases that ran out, quarantined
-pools. The time series come from Prometheus when the console has one, else from the
+pools, a cache_aware pool routed by load (its KV index stale) or predictions far from the
+engines' cache hits (``/api/v1/cache``'s warnings), and the prefix cache's hit rate in a
+line. The time series come from Prometheus when the console has one, else from the
 controller's API."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, frames, health, prom, timeline
+from dashboard import charts, frames, health, prefix_cache, prom, timeline
 from dashboard.config import RECENT_LIMIT, step_for
 from dashboard.ui import alerts, errors, marks, plot, prom_reads, reads, tables
 from dashboard.ui.figures import clock, fmt_ms, rate_basis
@@ -18,7 +20,7 @@ from dashboard.ui.timerange import time_range
 
 st.title("Overview")
 st.caption(f"{time_range().label()} · from `/api/v1/stats`, `/api/v1/timeseries`, "
-           f"`/api/v1/requests?limit={RECENT_LIMIT}` and `/api/v1/cluster`")
+           f"`/api/v1/requests?limit={RECENT_LIMIT}`, `/api/v1/cluster` and `/api/v1/cache`")
 
 
 @st.fragment(run_every=run_every())
@@ -29,19 +31,22 @@ def latency_headline() -> None:
     s, cl, targets = reads.range_stats(rng), reads.cluster(), reads.targets()
     events = errors.quietly(lambda: reads.range_events(rng), [])
     failed = timeline.instance_incidents(events, rng.start(), rng.stop())
+    cache = errors.quietly(lambda: reads.range_cache(rng), None)  # None: an older controller
     if targets is not None:
         alerts.health_banner(health.evaluate(s, targets, cl, [
-            f"{i.subject} failed at {clock(i.at)} (see Incidents)" for i in failed
-            if i.subject not in POOL_SUBJECTS]))
+            *(f"{i.subject} failed at {clock(i.at)} (see Incidents)" for i in failed
+              if i.subject not in POOL_SUBJECTS), *prefix_cache.cache_health_lines(cache)]))
     grew = timeline.grew_most(s, errors.quietly(lambda: reads.previous_stats(rng), s))
     alerts.incidents_strip(sorted(
-        [*failed, *alerts.prometheus_incidents(),
+        [*failed, *alerts.prometheus_incidents(), *prefix_cache.cache_incidents(cache),
          *([] if grew is None else [timeline.growth_incident(grew, rng.window_s, rng.stop())])],
         key=lambda i: -i.at), rng.within())
     alerts.kv_integrity_alerts(s, rng.window_s)
     alerts.quarantine_alerts(cl, " See Pools.")
     share = s.transfer_share
     alerts.transfer_alert(share)
+    if line := prefix_cache.cache_headline(cache):
+        st.caption(line)
     cols = st.columns(5)
     none = s.requests == 0
     cols[0].metric("Request rate", f"{s.request_rate:.1f} /s",

@@ -1,7 +1,8 @@
 """Pools: every instance with role, state, TP, running and waiting requests and KV cache usage,
-each pool's utilization against its profiled capacity and its quarantine, and the load of every
-pool and instance over the window; a grid of cells keeps 100+ instances readable at a
-glance."""
+each pool's utilization against its profiled capacity and its quarantine, the load of every
+pool and instance over the window, and the prefix cache (hit rate reported and predicted,
+savings, drift, each instance's KV-event block index); a grid of cells keeps 100+ instances
+readable at a glance."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import streamlit as st
 from dashboard import changes, charts, frames, integrity, review
 from dashboard import utilization as load
 from dashboard.ui import errors, marks, plot, reads, tables
+from dashboard.ui.cache_card import prefix_cache_section
 from dashboard.ui.figures import clock, fmt_ms
 from dashboard.ui.session import client
 from dashboard.ui.sidebar import run_every
@@ -27,7 +29,8 @@ LIVE_STATES = ["starting", "ready", "draining", "failed"]  # the table's default
 st.title("Pools")
 st.caption("From `/api/v1/cluster`: desired and actual pools, every instance and the load its "
            "engine last reported; from `/api/v1/utilization`: each pool's and instance's load "
-           "over the window against the capacity the planner's profiles give")
+           "over the window against the capacity the planner's profiles give; from "
+           "`/api/v1/cache`: the prefix cache and each instance's KV index")
 
 
 NO_UTILIZATION = ("this controller does not answer `/api/v1/utilization` (older than it, "
@@ -276,5 +279,6 @@ def load_over_time() -> None:
 
 overview()
 load_over_time()
+prefix_cache_section()
 instance_table()
 drill_down()

@@ -13,6 +13,7 @@ import streamlit as st
 
 from dashboard import charts, frames, prom, whatif
 from dashboard.ui import alerts, errors, marks, plot, prom_reads, reads, tables
+from dashboard.ui.cache_card import decode_kv_saved
 from dashboard.ui.figures import clock, fmt_bytes, fmt_ms, rate_basis
 from dashboard.ui.sidebar import run_every
 from dashboard.ui.tables import number_columns, text_columns
@@ -69,6 +70,7 @@ def kv_headline() -> None:
                    help="the controller's bandwidth against the link's: it includes the "
                         "link's per-transfer latency, so small transfers stay well below the "
                         "ceiling")
+    decode_kv_saved(st)
     alerts.kv_integrity_alerts(s, rng.window_s)
     alerts.transfer_alert(s.transfer_share)
 

@@ -4,7 +4,9 @@ synthetic request records and instances. Records every call. A pool change's dry
 (``?dry_run=true``) answers the controller's own planner's actions for the pool.
 
 ``legacy=True`` answers like a controller older than the KV-integrity and quarantine fields
-(no ``kv_integrity``, ``quarantine``, ``suspect``/``kv_handle`` or lease counters)."""
+(no ``kv_integrity``, ``quarantine``, ``suspect``/``kv_handle`` or lease counters, no
+``/api/v1/cache``). ``/api/v1/cache`` is the controller's own report (``cache_report``) over
+the records and ``kv_index`` (by default every live instance's index healthy)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ from controller.errors import InvalidChange
 from controller.fleet.guard import Quarantine
 from controller.fleet.history import LoadSamples
 from controller.fleet.reconcile import Capacity, FleetState, Member, Start, reconcile
+from controller.kvevents.hub import IndexState
+from controller.kvevents.index import InstanceHealth
+from controller.kvevents.report import cache_report
 from controller.models import Instance, InstanceState, PoolTarget, RequestPath, RequestRecord, Role
 from controller.planner.capacity import profile_capacities
 from controller.planner.profile import ProfileIndex, profile_key
@@ -69,6 +74,28 @@ def integrity_summary(after_in_window: float = 0.0, expired_in_window: float = 0
 
 
 LEASE_FIELDS = ("kv_expired_requests", "notifications_after_expiry")
+
+
+def index_health(instance: str, stale_reason: str | None = None, blocks: int = 120
+                 ) -> InstanceHealth:
+    """One instance's block index as ``BlockIndex.health`` shapes it."""
+    return InstanceHealth(instance, blocks, 41, stale_reason is not None, stale_reason, 2.5,
+                          42, 0, 0, 0, 0)
+
+
+def with_cache(records: list[RequestRecord], reported: float | None = 0.4,
+               predicted: float | None = 0.45, decode_share: float = 0.3) -> list[RequestRecord]:
+    """The records with the prefix cache's numbers: ``reported`` and ``predicted`` shares of
+    each prompt cached on the instance that computed it (None: not reported / predicted),
+    ``decode_share`` of a disaggregated prompt already held by its decode instance."""
+    for r in records:
+        if predicted is not None:
+            r.cached_tokens_predicted = int(r.prompt_tokens * predicted)
+        if reported is not None:
+            r.cached_tokens = int(r.prompt_tokens * reported)
+        if r.path is RequestPath.DISAGGREGATED and predicted is not None:
+            r.decode_cached_tokens_predicted = int(r.prompt_tokens * decode_share)
+    return records
 
 
 def planner_pass(at: float, current: tuple[int, int], recommended: tuple[int, int], rate: float,
@@ -136,6 +163,8 @@ class FakeController:
     calls: list[tuple[str, str, Any]] = field(default_factory=list)
     audit: list[dict[str, Any]] | None = None  # the audit log, newest first (None: a default)
     load_samples: LoadSamples | None = None  # the engines' polls (None: one per bucket)
+    # /cache: each instance's block index (None: every live instance's, healthy)
+    kv_index: list[IndexState] | None = None
 
     def client(self, token: str | None = TOKEN) -> ControllerClient:
         return ControllerClient(URL, token, transport=httpx.MockTransport(self.handle))
@@ -194,6 +223,11 @@ class FakeController:
                 raise KeyError("/utilization")  # 404: an older controller has none
             return self.utilization(window, float(q["step_s"]),
                                     min(float(q.get("end", time.time())), time.time()))
+        if key == ("GET", "/cache"):
+            if self.legacy:
+                raise KeyError("/cache")  # 404: an older controller has none
+            return self.cache(window, float(q.get("step_s", 10)),
+                              min(float(q.get("end", time.time())), time.time()))
         if key == ("GET", "/timeseries"):
             now = min(float(q.get("end", time.time())), time.time())
             recs = [r for r in self.records if now - window <= r.started_at < now]
@@ -268,6 +302,19 @@ class FakeController:
                                  lambda tp: profile_key("sim", MODEL.name, HW.name, tp), 60.0)
         seen = {i.id: Seen(i.role, i.tp, i.state.value) for i in self.instances}
         return utilization_json(samples, self.records, seen, cap, window, step, now, 1.0, 60.0)
+
+    def cache(self, window: float, step: float, now: float) -> dict[str, Any]:
+        """``controller.api.cache.cache_view`` over the fake's records and index."""
+        start, _ = bucket_grid(window, step, now)
+        records = [r for r in self.records if start <= r.started_at < now]
+        states = self.kv_index if self.kv_index is not None else [
+            IndexState(i.id, True, index_health(i.id)) for i in self.instances
+            if not i.state.terminal]
+        policies = {Role.PREFILL: self.routing["prefill_policy"],
+                    Role.DECODE: self.routing["decode_policy"]}
+        return cache_report(records, states, {i.id: i.role for i in self.instances}, policies,
+                            lambda tokens: profiles.kv_bytes(MODEL, tokens, 16), window, step,
+                            start, now)
 
     def window(self, window_s: float) -> list[RequestRecord]:
         cutoff = time.time() - window_s

@@ -3,12 +3,14 @@ with the status and the API's detail, request shapes."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
 from dashboard.client import ApiError, ControllerClient
-from pdctl_api.schema import PoolSize, Role
-from tests.dashboard.fake import TOKEN, URL, FakeController
+from pdctl_api.schema import CachePublic, PoolSize, Role
+from tests.dashboard.fake import TOKEN, URL, FakeController, make_records, with_cache
 
 
 def test_reads_return_the_api_models(fake: FakeController) -> None:
@@ -154,4 +156,30 @@ def test_drain_unknown_instance_is_404(fake: FakeController) -> None:
     with pytest.raises(ApiError) as info:
         c.drain("nope")
     assert info.value.status == 404 and info.value.refused
+    c.close()
+
+
+def test_the_prefix_cache_reads_typed_and_fails_as_every_read(fake: FakeController) -> None:
+    seen: list[httpx.Request] = []
+
+    def handle(r: httpx.Request) -> httpx.Response:
+        seen.append(r)
+        return fake.handle(r)
+
+    fake.records = with_cache(make_records(300))
+    c = ControllerClient(URL, TOKEN, transport=httpx.MockTransport(handle))
+    answer = c.cache(120, 10, end=time.time())
+    assert isinstance(answer, CachePublic) and answer.step_s == 10 and len(answer.buckets) == 12
+    assert answer.hit_rate == pytest.approx(0.4) and answer.predicted_hit_rate == \
+        pytest.approx(0.45)
+    assert {i.instance for i in answer.instances} == {"prefill-1", "decode-2"}
+    assert seen[-1].url.path == "/api/v1/cache" and "end" in seen[-1].url.params
+    fake.legacy = True
+    with pytest.raises(ApiError) as info:
+        c.cache()
+    assert info.value.status == 404  # an older controller: the pages say so
+    fake.reachable = False
+    with pytest.raises(ApiError) as down:
+        c.cache()
+    assert down.value.unreachable
     c.close()

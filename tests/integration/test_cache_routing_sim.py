@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.harness import ControllerProc, start_controller
+from tests.integration.test_cockpit_browser import browser, open_page, shoot
+from tests.integration.test_console_browser import console_at
 from tests.unit.test_replay_trace import MOONCAKE, needs_traces
 
 pytestmark = [needs_traces, pytest.mark.timeout(600)]
@@ -35,17 +37,21 @@ def ctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerProc]:
     c.stop()
 
 
-def test_a_trace_slice_is_routed_by_cache_with_predictions_the_engines_confirm(
-        ctl: ControllerProc, tmp_path: Path) -> None:
-    out = tmp_path / "r.json"
+def replay(ctl: ControllerProc, out: Path, limit: int) -> None:
+    """``pdctl replay`` of the trace's first ``limit`` requests; every one ok."""
     run = subprocess.run(
         [sys.executable, "-m", "controller.cli", "replay", str(MOONCAKE), "--controller",
-         ctl.url, "--json", str(out), "--limit", "80", "--time-scale", "0.05"],
+         ctl.url, "--json", str(out), "--limit", str(limit), "--time-scale", "0.05"],
         capture_output=True, text=True, timeout=300)
     print(run.stderr[-2000:], run.stdout)
     assert run.returncode == 0, run.stderr
     total = json.loads(out.read_text())["summary"]["all"]
-    assert (total["requests"], total["ok"], total["failed"]) == (80, 80, 0)
+    assert (total["requests"], total["ok"], total["failed"]) == (limit, limit, 0)
+
+
+def test_a_trace_slice_is_routed_by_cache_with_predictions_the_engines_confirm(
+        ctl: ControllerProc, tmp_path: Path) -> None:
+    replay(ctl, tmp_path / "r.json", 80)
     records = ctl.get("/requests", limit=80)
     assert all(r["cached_tokens_predicted"] is not None and r["cached_tokens"] is not None
                for r in records)
@@ -57,6 +63,27 @@ def test_a_trace_slice_is_routed_by_cache_with_predictions_the_engines_confirm(
     assert bound > 0.03 and cache["hit_rate"] >= 0.9 * bound, (bound, cache)
     assert abs(cache["drift"]) < 0.05, cache
     assert all(i["kv_index"]["healthy"] for i in cache["instances"]), cache["instances"]
+
+
+@pytest.mark.slow
+def test_the_console_shows_the_replays_hit_rate_drift_and_index(
+        ctl: ControllerProc, tmp_path: Path) -> None:
+    """In a real browser, after a replay: the Pools page's prefix-cache cards give the hit
+    rate and the drift the controller computed, and every instance's index is healthy."""
+    from playwright.sync_api import expect
+
+    replay(ctl, tmp_path / "r.json", 40)
+    cache = ctl.get("/cache", window_s=300)
+    with console_at(ctl, tmp_path) as url, browser(tmp_path) as page:
+        open_page(page, url, "pools")
+        section = page.get_by_text("Prefix cache hit rate", exact=True)
+        expect(section).to_be_visible(timeout=30_000)
+        hit = page.locator('[data-testid="stMetric"]').filter(has_text="Prefix cache hit rate")
+        expect(hit).to_contain_text(f"{cache['hit_rate']:.1%}", timeout=30_000)
+        drift = page.locator('[data-testid="stMetric"]').filter(has_text="Prediction drift")
+        expect(drift).to_contain_text("%")
+        expect(page.get_by_text("routed by load")).to_have_count(0)
+        shoot(page, "prefix-cache")
 
 
 def upper_bound(n: int) -> float:
