@@ -139,6 +139,16 @@ class BlockIndex:
         """Expect ``instance``'s events from sequence number 0 (a fresh engine)."""
         self._by_name[instance] = _Instance()
 
+    def reset(self, instance: str) -> None:
+        """Start ``instance`` over before a rebuild from its publisher's replay buffer:
+        no entries, not stale, expecting seq 0 again (its counters are kept)."""
+        st = self._by_name.get(instance)
+        if st is not None:
+            st.drop()
+            st.stale_reason = None
+            st.last_seq = None
+            st.expect_since = None
+
     def remove(self, instance: str) -> None:
         self._by_name.pop(instance, None)
 

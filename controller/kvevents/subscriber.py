@@ -5,7 +5,11 @@ at the start, catch up from seq 0 there: an idle engine may publish nothing for 
 Nothing leaves the task as an exception: an undecodable message, a gap the replay cannot
 fill, a replay endpoint that does not answer, or silence after work that should have stored
 blocks (``silence_s``) marks the instance stale in the index (routing falls back to load);
-an ``AllBlocksCleared`` or a publisher restart rebuilds it. ``stop()`` closes the sockets.
+an ``AllBlocksCleared`` or a publisher restart rebuilds it, and so does the subscriber itself:
+while the instance is stale it asks, ``rebuild_s`` after the fault and then at doubling
+intervals (up to ``REBUILD_MAX_S``), for a replay of everything from seq 0 into a fresh entry,
+which rebuilds it exactly as long as the publisher's buffer still holds seq 0 (vLLM keeps
+the last 10,000 batches). ``stop()`` closes the sockets.
 
 The engines are started with ``engine_kv_events_config`` (``--kv-events-config``): vLLM's
 publisher binds both endpoints, the subscriber connects to them."""
@@ -33,6 +37,8 @@ from controller.kvevents.wire import (
 log = logging.getLogger(__name__)
 
 DEFAULT_BUFFER_STEPS = 10_000  # vLLM's defaults (vllm/config/kv_events.py)
+REBUILD_S = 5.0  # a stale instance's first rebuild attempt, after the fault
+REBUILD_MAX_S = 120.0
 DEFAULT_HWM = 100_000
 
 
@@ -58,7 +64,8 @@ class KVEventSubscriber:
                  ctx: zmq.asyncio.Context | None = None, replay_timeout_s: float = 2.0,
                  silence_s: float | None = None, poll_s: float = 0.5,
                  clock: Callable[[], float] = time.monotonic,
-                 on_outcome: Callable[[Outcome], None] | None = None) -> None:
+                 on_outcome: Callable[[Outcome], None] | None = None,
+                 rebuild_s: float = REBUILD_S) -> None:
         self.instance = instance
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
@@ -70,6 +77,10 @@ class KVEventSubscriber:
         self.clock = clock
         self.on_outcome = on_outcome
         self.garbage = 0
+        self.rebuild_s = rebuild_s
+        self.rebuilds = 0  # attempts made
+        self._rebuild_at: float | None = None  # when to try next, while stale
+        self._rebuild_wait = rebuild_s
         self._ctx = ctx or zmq.asyncio.Context.instance()
         self._sub: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None
@@ -112,6 +123,7 @@ class KVEventSubscriber:
                     for out in self.index.check_silence(self.clock(), self.silence_s,
                                                         self.instance):
                         self._report(out)
+                await self._maybe_rebuild()
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a bug or a socket error: never out of the task
@@ -130,6 +142,31 @@ class KVEventSubscriber:
         self._report(out)
         if isinstance(out, NeedReplay):
             await self._replay(out.from_seq)
+
+    async def _maybe_rebuild(self) -> None:
+        """While stale: replay from seq 0 into a fresh entry when the next attempt is due."""
+        if self.index.trusted(self.instance):
+            self._rebuild_at, self._rebuild_wait = None, self.rebuild_s
+            return
+        if self.replay_endpoint is None or self.instance not in self.index.instances():
+            return
+        now = self.clock()
+        if self._rebuild_at is None:
+            self._rebuild_at = now + self._rebuild_wait
+        if now < self._rebuild_at:
+            return
+        self.rebuilds += 1
+        self._rebuild_wait = min(self._rebuild_wait * 2, REBUILD_MAX_S)
+        self._rebuild_at = now + self._rebuild_wait
+        self.index.reset(self.instance)
+        try:
+            reason, _ = await self._ask_replay(0)
+        except Exception as e:  # never out of the task
+            reason = f"subscriber error: {e}"
+        if reason is not None:
+            self._report(self.index.replay_failed(self.instance, f"rebuild: {reason}"))
+        else:
+            log.info("KV index of %s rebuilt from its publisher's replay", self.instance)
 
     async def _catch_up(self) -> None:
         """Ask for everything from seq 0 once at the start: batches sent before this SUB was

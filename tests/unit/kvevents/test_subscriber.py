@@ -179,6 +179,26 @@ async def test_a_gap_past_the_publishers_buffer_marks_stale_until_cleared(
         await sub.stop()
 
 
+async def test_a_stale_instance_is_rebuilt_from_the_publishers_replay(
+        lab: Any, actx: zmq.asyncio.Context) -> None:
+    """Stale for any reason (garbage, a lost gap): while the publisher still buffers seq 0
+    the subscriber rebuilds the entry by itself, exactly; past the buffer it stays stale."""
+    lab = lab(buffer_steps=100)
+    for i in range(3):
+        lab.publish(stored(PROMPT, i, 1))
+    await lab.published(3)
+    sub = lab.subscriber(actx, rebuild_s=0.2)
+    sub.start()
+    try:
+        await lab.until(lambda: lab.held() == 3, probe=False)
+        lab.index.mark_stale("p0", "garbage on the wire")
+        assert lab.held() == 0
+        await lab.until(lambda: lab.index.trusted("p0") and lab.held() == 3, probe=False)
+        assert sub.rebuilds == 1 and lab.index.health("p0", 0.0).last_seq == 2
+    finally:
+        await sub.stop()
+
+
 async def raw_pub(ctx: zmq.asyncio.Context) -> tuple[zmq.asyncio.Socket, int]:
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)
