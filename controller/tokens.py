@@ -115,20 +115,27 @@ class TokenizerCounter:
         from tokenizers import Tokenizer
 
         self._tok = Tokenizer.from_file(str(tokenizer_file))
+        self._last: tuple[str, list[int]] | None = None
         self.name = f"tokenizer {tokenizer_file}"
         self.exact = exact
 
     def count(self, body: dict[str, Any]) -> int:
-        prompt = prompt_of(body)
-        if isinstance(prompt, list):
-            return len(prompt)
-        return len(self._tok.encode(prompt, add_special_tokens=True).ids) if prompt else 0
+        return len(self.token_ids(body))
 
     def token_ids(self, body: dict[str, Any]) -> list[int]:
         prompt = prompt_of(body)
         if isinstance(prompt, list):
             return prompt
-        return list(self._tok.encode(prompt, add_special_tokens=True).ids) if prompt else []
+        if not prompt:
+            return []
+        # The router counts a prompt, then (a pool routing by cache) hashes its ids: the
+        # last text's ids are kept so that it is tokenized once.
+        last = self._last
+        if last is not None and last[0] == prompt:
+            return last[1]
+        ids = list(self._tok.encode(prompt, add_special_tokens=True).ids)
+        self._last = (prompt, ids)
+        return ids
 
 
 def make_counter(model_dir: Path | None, backend: str = "external") -> TokenCounter:
