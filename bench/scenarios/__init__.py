@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.scenario import Scenario
+from bench.scenarios.cache import CacheScenario
 from bench.scenarios.console import ConsoleScenario
 from bench.scenarios.lab import LabScenario
 from bench.scenarios.measure_lab import MeasureLabTool
@@ -17,5 +18,5 @@ from bench.scenarios.router import RouterScenario
 from bench.scenarios.scale import ScaleScenario
 
 SCENARIOS: tuple[Scenario[Any, Any], ...] = (
-    RouterScenario(), LabScenario(), ScaleScenario(), ConsoleScenario(), RayStartScenario(),
-    PlannerScenario(), NixlTool(), MeasureLabTool())
+    RouterScenario(), CacheScenario(), LabScenario(), ScaleScenario(), ConsoleScenario(),
+    RayStartScenario(), PlannerScenario(), NixlTool(), MeasureLabTool())

@@ -40,6 +40,11 @@ GET /v1/models) is cut to fit: its completion kept, its prompt cut from the end 
 shared blocks kept); the count is printed and each row says `clamped`. --no-clamp sends them
 as they are (the controller refuses them: they count as failed).
 
+--text-prompts sends text instead ("prompt": "..."), each token id as a fixed 4-byte piece
+(its three digits and a space), for routers that match prefixes on request text (vllm-router's
+cache_aware). An engine counting one token per 4 bytes (the simulated engine without a
+tokenizer) sees the same token count and the same sharing; a real tokenizer would not.
+
 Schedule (open loop: a request is sent at its time whether earlier ones finished or not): a
 request at trace time t is sent (t - START) x TIME_SCALE / RATE_SCALE seconds after the run
 starts; the two scales multiply (--time-scale 0.5 is --rate-scale 2).
@@ -117,6 +122,9 @@ def add_replay_parser(sub: SubParsers) -> None:
                    help="send requests longer than the model's context as they are")
     p.add_argument("--timeout-s", metavar="S", type=_positive_arg, default=600.0,
                    help="give up on one request after this long (default 600)")
+    p.add_argument("--text-prompts", action="store_true",
+                   help="send text prompts, each token id as a 4-byte piece (for text-matching "
+                        "routers; same count and sharing for a 4-bytes-per-token engine)")
     p.set_defaults(run=run_replay)
 
 
@@ -133,8 +141,8 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-async def _run_with_interrupt(url: str, model: str, plan: list[Planned], sl: Slice, timeout_s: float
-               ) -> ReplayOutcome:
+async def _run_with_interrupt(url: str, model: str, plan: list[Planned], sl: Slice,
+                             timeout_s: float, text_prompts: bool = False) -> ReplayOutcome:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -146,7 +154,8 @@ async def _run_with_interrupt(url: str, model: str, plan: list[Planned], sl: Sli
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, on_interrupt)
     try:
-        return await send_trace(url, model, plan, sl, stop, timeout_s)
+        return await send_trace(url, model, plan, sl, stop, timeout_s,
+                                text_prompts=text_prompts)
     finally:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
@@ -189,7 +198,8 @@ def run_replay(args: argparse.Namespace) -> int:
         if over:
             _say(f"replay: warning: {over} requests exceed the model's {context} tokens and "
                  "are sent as they are (--no-clamp)")
-    outcome = asyncio.run(_run_with_interrupt(url, model, plan, sl, args.timeout_s))
+    outcome = asyncio.run(_run_with_interrupt(url, model, plan, sl, args.timeout_s,
+                                              args.text_prompts))
     summaries = by_class(outcome.rows, args.ttft_ms, args.gap_ms, outcome.wall_s)
     print(render(summaries, args.ttft_ms, args.gap_ms))
     if outcome.not_sent:
@@ -201,7 +211,8 @@ def run_replay(args: argparse.Namespace) -> int:
             "time_scale": sl.time_scale, "rate_scale": sl.rate_scale,
             "ttft_ms": args.ttft_ms, "gap_ms": args.gap_ms, "wall_s": round(outcome.wall_s, 3),
             "interrupted": outcome.interrupted, "not_sent": outcome.not_sent,
-            "prompts": "token ids"}
+            "prompts": "text (4-byte piece per token id)" if args.text_prompts
+            else "token ids"}
         args.json.write_text(json.dumps(result_json(meta, outcome.rows, summaries), indent=1))
     failed = summaries["all"]["failed"]
     return 130 if outcome.interrupted else (1 if failed else 0)

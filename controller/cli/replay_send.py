@@ -60,7 +60,7 @@ def _to_ms(seconds: float) -> float:
 
 
 def request_body(model: str, prompt_json: str, max_tokens: int) -> bytes:
-    """The ``/v1/completions`` body: the prompt's token ids (JSON text, spliced in as it is),
+    """The ``/v1/completions`` body: the prompt's token ids or text (JSON, spliced in as is),
     ``max_tokens`` with ``ignore_eos`` (vLLM then stops at ``max_tokens`` only), streamed
     with the usage chunk asked for (cached tokens)."""
     rest = json.dumps({"model": model, "max_tokens": max_tokens, "ignore_eos": True,
@@ -156,10 +156,11 @@ async def _ticker(progress: Progress, t_run: float) -> None:
 
 async def send_trace(url: str, model: str, plan: list[Planned], sl: Slice, stop: asyncio.Event,
                      timeout_s: float = 600.0, progress_out: TextIO = sys.stderr,
-                     make_client: Callable[..., httpx.AsyncClient] = httpx.AsyncClient
-                     ) -> ReplayOutcome:
-    """Send ``plan`` on its schedule until done or ``stop`` is set."""
-    maker = PromptMaker()
+                     make_client: Callable[..., httpx.AsyncClient] = httpx.AsyncClient,
+                     text_prompts: bool = False) -> ReplayOutcome:
+    """Send ``plan`` on its schedule until done or ``stop`` is set; ``text_prompts``: text
+    prompts (``PromptMaker(text=True)``) instead of token ids."""
+    maker = PromptMaker(text=text_prompts)
     rows: list[ReplayRow] = []
     progress = Progress(len(plan), sl, progress_out)
     tasks: list[asyncio.Task[None]] = []

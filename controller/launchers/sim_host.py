@@ -58,13 +58,16 @@ class SimHostLauncher(Launcher):
         self._http = httpx.AsyncClient(timeout=CONTROL_TIMEOUT_S)
         self._lock = asyncio.Lock()
 
-    async def _host_for(self, log_dir: Path) -> _Host:
-        """The live host with the fewest engines, starting one while fewer than asked run."""
+    async def _host_for(self, log_dir: Path, instance_id: str) -> _Host:
+        """The live host with the fewest engines, starting one while fewer than asked run;
+        ``instance_id`` counts on it from now (engines starting together spread evenly)."""
         async with self._lock:
             self._hosts = [h for h in self._hosts if h.proc.poll() is None]
             if len(self._hosts) < self.processes:
                 self._hosts.append(await self._start_host(log_dir))
-            return min(self._hosts, key=lambda h: len(h.engines))
+            host = min(self._hosts, key=lambda h: len(h.engines))
+            host.engines.add(instance_id)
+            return host
 
     async def _start_host(self, log_dir: Path) -> _Host:
         index = max((h.index for h in self._hosts), default=-1) + 1
@@ -89,7 +92,14 @@ class SimHostLauncher(Launcher):
                           f"{HOST_START_TIMEOUT_S:g} s; see {log}")
 
     async def start(self, spec: LaunchSpec) -> Launched:
-        host = await self._host_for(spec.log_path.parent)
+        host = await self._host_for(spec.log_path.parent, spec.instance_id)
+        try:
+            return await self._start_on(host, spec)
+        except BaseException:
+            host.engines.discard(spec.instance_id)
+            raise
+
+    async def _start_on(self, host: _Host, spec: LaunchSpec) -> Launched:
         port, publish, replay = free_ports("127.0.0.1", 3)
         events = EventPorts(publish, replay)
         # The flags, without `python -m <module>`.
@@ -102,7 +112,6 @@ class SimHostLauncher(Launcher):
                               f"{type(exc).__name__}: {exc}") from exc
         if resp.status_code != 201:
             raise LaunchError(f"sim host {host.index} refused the engine: {_message(resp)}")
-        host.engines.add(spec.instance_id)
         host.states[spec.instance_id] = resp.json()
         return Launched(url=resp.json()["url"],
                         handle={"host": host, "engine_id": spec.instance_id,

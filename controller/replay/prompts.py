@@ -11,6 +11,14 @@ usual special tokens (0-2 in the lab model).
 Token ids go to the engine as they are (vLLM's ``"prompt": [ids]``), so the engine's prompt
 is exactly ``input_length`` tokens and its prefix cache sees exactly the trace's sharing.
 
+Text prompts (``PromptMaker(text=True)``, ``pdctl replay --text-prompts``) render each token id
+as a fixed 4-byte piece, its three decimal digits and a space (``f"{id:03d} "``; every id is
+below 1,000): for routers that match on request text (vllm-router's ``cache_aware``). An
+engine counting one token per 4 UTF-8 bytes (``controller.tokens.estimate_token_ids``: the
+simulated engine without a tokenizer) then sees exactly ``input_length`` tokens and exactly the
+same sharing: two prompts share a leading text of ``4 * n`` bytes where they share ``n``
+leading token ids. A real tokenizer would count them otherwise.
+
 ``fit_context`` makes a request fit a context length: the completion first kept whole (at
 most the context less one token), then the prompt cut from its end -- a cut prompt keeps its
 leading blocks, so the prefix sharing of what remains is the trace's.
@@ -30,6 +38,14 @@ ID_SPAN = 500
 ID_DIGITS = 4
 CACHE_BLOCKS = 16384  # recent blocks kept (~8 M ids, ~50 MB): conversations reuse them
 _TEXT = [str(i) for i in range(ID_BASE + ID_SPAN)]  # an id's JSON text, looked up
+PIECE_BYTES = 4  # a text prompt's bytes per token id
+_PIECE = [f"{i:03d} " for i in range(ID_BASE + ID_SPAN)]  # an id's text piece, looked up
+assert ID_BASE + ID_SPAN <= 1000 and all(len(p) == PIECE_BYTES for p in _PIECE)
+
+
+def ids_text(ids: list[int]) -> str:
+    """Token ids as a text prompt: each id's fixed 4-byte piece (``f"{id:03d} "``)."""
+    return "".join(map(_PIECE.__getitem__, ids))
 
 
 def block_array(block_id: int) -> np.ndarray:
@@ -63,19 +79,25 @@ def _mix(block_id: int) -> np.ndarray:
 
 
 class PromptMaker:
-    """Token-id prompts from hash ids, as lists or as JSON array text; recent blocks are kept
-    with their JSON text, so a long prompt's body is a join of cached strings (a 12k-token
-    prompt: tens of microseconds, against milliseconds for ``json.dumps`` of its ids)."""
+    """Token-id prompts from hash ids, as lists or as JSON text: an array of ids, or with
+    ``text`` a string of the ids' 4-byte pieces (``ids_text``). Recent blocks are kept with
+    their JSON text, so a long prompt's body is a join of cached strings (a 12k-token prompt:
+    tens of microseconds, against milliseconds for ``json.dumps`` of its ids)."""
 
-    def __init__(self, cache_blocks: int = CACHE_BLOCKS) -> None:
+    def __init__(self, cache_blocks: int = CACHE_BLOCKS, text: bool = False) -> None:
         self._cache: OrderedDict[int, tuple[np.ndarray, str]] = OrderedDict()
         self._size = cache_blocks
+        self.text = text
+
+    def _render(self, ids: list[int]) -> str:
+        """Ids as they go inside the JSON value: pieces (text) or comma-separated numbers."""
+        return ids_text(ids) if self.text else ",".join(map(_TEXT.__getitem__, ids))
 
     def _block(self, block_id: int) -> tuple[np.ndarray, str]:
         got = self._cache.get(block_id)
         if got is None:
             ids = block_array(block_id)
-            got = self._cache[block_id] = (ids, ",".join(map(_TEXT.__getitem__, ids.tolist())))
+            got = self._cache[block_id] = (ids, self._render(ids.tolist()))
             if len(self._cache) > self._size:
                 self._cache.popitem(last=False)
         else:
@@ -96,12 +118,19 @@ class PromptMaker:
         del out[tokens:]
         return out
 
+    def prompt_text(self, hash_ids: tuple[int, ...], tokens: int) -> str:
+        """``prompt`` as a text prompt (``ids_text``), whatever ``text`` says."""
+        return ids_text(self.prompt(hash_ids, tokens))
+
     def prompt_json(self, hash_ids: tuple[int, ...], tokens: int) -> str:
-        """``prompt`` as a JSON array's text."""
+        """``prompt`` as JSON: an array's text, or with ``text`` a string's (the pieces
+        are digits and spaces: nothing to escape)."""
         blocks = self._blocks(hash_ids, tokens)
         cut = tokens - (len(blocks) - 1) * BLOCK_TOKENS
         last = (blocks[-1][1] if cut == BLOCK_TOKENS
-                else ",".join(map(_TEXT.__getitem__, blocks[-1][0][:cut].tolist())))
+                else self._render(blocks[-1][0][:cut].tolist()))
+        if self.text:
+            return '"' + "".join([text for _, text in blocks[:-1]] + [last]) + '"'
         return "[" + ",".join([text for _, text in blocks[:-1]] + [last]) + "]"
 
 

@@ -18,7 +18,7 @@ from tests.integration.harness import ControllerProc, start_controller
 
 pytestmark = pytest.mark.slow
 
-PROMPT = [7] * 3000  # token ids: 3,000 prompt tokens exactly, disaggregated
+PROMPT = [7] * 2997  # token ids: 3,000 prompt tokens exactly (below), disaggregated
 OUTPUT = 60
 STEPS = ((1.0, 20.0), (8.0, 45.0), (1.0, 55.0))  # (requests/s, seconds)
 
@@ -38,12 +38,18 @@ def ctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerProc]:
 def stepped_load(url: str, out: list[loadgen.OpenLoop]) -> None:
     """The steps back to back: each phase starts when the one before stops sending (its
     stragglers finish meanwhile)."""
-    payload = orjson.dumps({"model": "llama-3-70b", "prompt": PROMPT, "max_tokens": OUTPUT,
-                            "stream": True})
+    def request(k: int, i: int) -> tuple[str, bytes, int]:
+        # A prompt of its own (its first block differs): the engines' prefix caches must
+        # not turn the load the planner sizes for into cache hits.
+        prompt = [10 + k, 10 + i // 500, 10 + i % 500, *PROMPT]
+        return (f"{url}/v1/completions", orjson.dumps(
+            {"model": "llama-3-70b", "prompt": prompt, "max_tokens": OUTPUT, "stream": True}),
+            OUTPUT)
+
     starts = []
     offset = 0.0
     for k, (rate, seconds) in enumerate(STEPS):
-        out.append(loadgen.OpenLoop(lambda i, s: (f"{url}/v1/completions", payload, OUTPUT),
+        out.append(loadgen.OpenLoop(lambda i, s, k=k: request(k, i),
                                     rate=rate, duration=seconds, poisson=False,
                                     stream_share=1.0, timeout_s=120.0, seed=k))
         starts.append(offset)

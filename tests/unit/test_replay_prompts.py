@@ -7,7 +7,15 @@ import itertools
 
 import pytest
 
-from controller.replay.prompts import ID_BASE, ID_SPAN, PromptMaker, block_tokens, fit_context
+from controller.replay.prompts import (
+    ID_BASE,
+    ID_SPAN,
+    PIECE_BYTES,
+    PromptMaker,
+    block_tokens,
+    fit_context,
+    ids_text,
+)
 from controller.replay.schedule import Slice, due_times, select
 from controller.replay.trace import BLOCK_TOKENS, Trace, TraceRequest
 from tests.unit.test_replay_trace import MOONCAKE, needs_traces
@@ -136,3 +144,56 @@ def test_the_json_text_is_the_prompt(tokens: int) -> None:
     assert body == {"prompt": maker.prompt(ids, tokens), "model": "m", "max_tokens": 7,
                     "ignore_eos": True, "temperature": 0.0, "stream": True,
                     "stream_options": {"include_usage": True}}
+
+
+# ---- text prompts (--text-prompts) ---------------------------------------------------------
+
+@pytest.mark.parametrize("tokens", [1, 511, 512, 513, 1500, 2000])
+def test_a_text_prompt_keeps_the_token_count(tokens: int) -> None:
+    import json
+
+    from controller.tokens import estimate_token_ids, estimate_tokens
+
+    maker = PromptMaker(text=True)
+    text = json.loads(maker.prompt_json((0, 1, 2, 3), tokens))
+    assert text == maker.prompt_text((0, 1, 2, 3), tokens)
+    assert len(text.encode()) == PIECE_BYTES * tokens
+    assert estimate_tokens(text) == len(estimate_token_ids(text)) == tokens
+    assert text == ids_text(maker.prompt((0, 1, 2, 3), tokens))
+    assert text.startswith(f"{block_tokens(0)[0]:03d} ")
+
+
+def test_text_prompts_share_exactly_the_blocks_their_hash_ids_share() -> None:
+    from controller.tokens import estimate_token_ids
+
+    maker = PromptMaker(cache_blocks=3, text=True)
+    a = maker.prompt_text((0, 1, 2, 3), 2000)
+    b = maker.prompt_text((0, 1, 9, 3), 1800)
+    common = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    # equal text exactly as long as the shared blocks' tokens (to within the first differing
+    # token's piece, whose leading digits may agree)
+    assert 2 * BLOCK_TOKENS * PIECE_BYTES <= common < (2 * BLOCK_TOKENS + 1) * PIECE_BYTES
+    ta, tb = estimate_token_ids(a), estimate_token_ids(b)
+    shared = next(i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y)
+    ids_a, ids_b = maker.prompt((0, 1, 2, 3), 2000), maker.prompt((0, 1, 9, 3), 1800)
+    assert shared == next(i for i, (x, y) in enumerate(zip(ids_a, ids_b, strict=False))
+                          if x != y)
+    # the engine's token ids are one-to-one with the prompt's ids
+    assert len({(x, y) for x, y in zip(ta, ids_a, strict=True)}) == len(set(ids_a))
+
+
+@needs_traces
+def test_on_the_trace_shared_blocks_iff_equal_text_prefixes() -> None:
+    from controller.replay.trace import load_trace
+
+    reqs = load_trace(MOONCAKE).requests[:40]
+    maker = PromptMaker(text=True)
+    texts = [maker.prompt_text(r.hash_ids, r.input_length) for r in reqs]
+    piece = BLOCK_TOKENS * PIECE_BYTES
+    for (r1, t1), (r2, t2) in itertools.combinations(zip(reqs, texts, strict=True), 2):
+        lead = next((i for i, (x, y) in enumerate(zip(r1.hash_ids, r2.hash_ids, strict=False))
+                     if x != y), min(len(r1.hash_ids), len(r2.hash_ids)))
+        full = min(lead * BLOCK_TOKENS, r1.input_length, r2.input_length)
+        assert t1[:full * PIECE_BYTES] == t2[:full * PIECE_BYTES]
+        if lead * piece < min(len(t1), len(t2)):  # the next block differs within its text
+            assert t1[lead * piece:(lead + 1) * piece] != t2[lead * piece:(lead + 1) * piece]
