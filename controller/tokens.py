@@ -10,12 +10,27 @@ model's chat template, so a chat prompt's count is a close estimate, not exact.
 
 from __future__ import annotations
 
+import array
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 BYTES_PER_TOKEN = 4
+ID_BYTES = 4  # a packed token id (``pack_ids``)
+_BIG_ENDIAN = sys.byteorder == "big"
+assert array.array("I").itemsize == ID_BYTES
+
+
+def pack_ids(token_ids: Sequence[int]) -> bytes:
+    """Token ids as unsigned 32-bit little-endian integers, back to back: what the prefix
+    cache's block hashes are computed over (``controller.kvevents.hashing``). Raises
+    ``OverflowError`` for an id outside 0..2**32-1."""
+    packed = array.array("I", token_ids)
+    if _BIG_ENDIAN:
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def estimate_tokens(text: str) -> int:
@@ -23,6 +38,14 @@ def estimate_tokens(text: str) -> int:
     if not text:
         return 0
     return max(1, math.ceil(len(text.encode("utf-8")) / BYTES_PER_TOKEN))
+
+
+def estimate_packed_ids(text: str) -> bytes:
+    """``estimate_token_ids`` packed as ``controller.kvevents.hashing.pack_ids`` packs ids
+    (unsigned 32-bit little-endian): the text's UTF-8 bytes, zero-padded to 4-byte pieces."""
+    data = text.encode("utf-8")
+    pad = -len(data) % BYTES_PER_TOKEN
+    return data + b"\0" * pad if pad else data
 
 
 def estimate_token_ids(text: str) -> list[int]:
@@ -88,6 +111,11 @@ class TokenCounter(Protocol):
         """The prompt's token ids as this counter counts them (``len`` is ``count``)."""
         ...
 
+    def packed_ids(self, body: dict[str, Any]) -> bytes:
+        """``token_ids`` packed (``controller.kvevents.hashing.pack_ids``); ``OverflowError``
+        for token ids outside 0..2**32-1."""
+        ...
+
 
 class EstimatingCounter:
     """Counts with the byte-length fallback."""
@@ -104,6 +132,10 @@ class EstimatingCounter:
     def token_ids(self, body: dict[str, Any]) -> list[int]:
         prompt = prompt_of(body)
         return prompt if isinstance(prompt, list) else estimate_token_ids(prompt)
+
+    def packed_ids(self, body: dict[str, Any]) -> bytes:
+        prompt = prompt_of(body)
+        return pack_ids(prompt) if isinstance(prompt, list) else estimate_packed_ids(prompt)
 
 
 class TokenizerCounter:
@@ -136,6 +168,9 @@ class TokenizerCounter:
         ids = list(self._tok.encode(prompt, add_special_tokens=True).ids)
         self._last = (prompt, ids)
         return ids
+
+    def packed_ids(self, body: dict[str, Any]) -> bytes:
+        return pack_ids(self.token_ids(body))
 
 
 def make_counter(model_dir: Path | None, backend: str = "external") -> TokenCounter:

@@ -63,6 +63,7 @@ from controller.router.bodies import (
     prefill_body,
 )
 from controller.router.hops import AttemptFailed, Hops
+from controller.router.policies import PromptBlocks
 from controller.router.release import KvRelease
 from controller.router.request import Ctx, PrefillDone, new_request_id
 from controller.router.serving import Serving
@@ -118,10 +119,17 @@ class Proxy:
             return self.refused(endpoint, rid, exc, t0, started_at)
         self.arrived += 1
         self.arrived_prompt_tokens += prompt_tokens
-        blocks = (self.table.blocks(self.counter.token_ids(body)) if self.table.wants_blocks
-                  else None)
+        blocks = self._blocks(body) if self.table.wants_blocks else None
         return Ctx(rid=rid, endpoint=endpoint, body=body, stream=stream,
                    prompt_tokens=prompt_tokens, t0=t0, started_at=started_at, blocks=blocks)
+
+    def _blocks(self, body: dict[str, Any]) -> PromptBlocks | None:
+        """The prompt's blocks for the cache-aware policy; None (routed by load) for token
+        ids no engine's index can hold."""
+        try:
+            return self.table.blocks(self.counter.packed_ids(body))
+        except (OverflowError, TypeError):
+            return None
 
     @staticmethod
     def refused(endpoint: str, rid: str | None, why: RoutingError, t0: float | None = None,

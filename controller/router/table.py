@@ -17,7 +17,7 @@ from typing import Any
 
 from controller.config import RoutingSettings, patched
 from controller.errors import InvalidChange
-from controller.kvevents.hashing import prompt_chain_hashes
+from controller.kvevents.hashing import ID_BYTES, prompt_chain_hashes
 from controller.kvevents.index import BlockIndex
 from controller.models import Instance, Role
 from controller.router.policies import Policy, PromptBlocks, make_policy
@@ -116,12 +116,13 @@ class RoutingTable:
 
     # ---- the prefix cache (cache_aware, and what every record predicts) ----------------
 
-    def blocks(self, token_ids: list[int]) -> PromptBlocks | None:
-        """The prompt's blocks as the index keys them; None when nothing is indexed."""
+    def blocks(self, packed_ids: bytes) -> PromptBlocks | None:
+        """The prompt's blocks as the index keys them, from its packed token ids
+        (``hashing.pack_ids``); None when nothing is indexed."""
         if self.index is None:
             return None
-        return PromptBlocks(len(token_ids),
-                            prompt_chain_hashes(token_ids, self.index.block_size))
+        return PromptBlocks(len(packed_ids) // ID_BYTES,
+                            prompt_chain_hashes(packed_ids, self.index.block_size))
 
     @property
     def wants_blocks(self) -> bool:

@@ -15,7 +15,7 @@ from controller.kvevents.index import BlockIndex
 from controller.kvevents.wire import BlockStored, KVEventBatch
 from controller.models import RequestPath, Role
 from controller.router.cache_aware import Candidate, choose
-from controller.tokens import estimate_token_ids
+from controller.tokens import estimate_packed_ids, estimate_token_ids, pack_ids
 from pdctl_api import profiles
 from tests.unit.fake_engines import KV, Answer, Call, FakeEngines, make_proxy, make_table, serve
 
@@ -92,10 +92,10 @@ def cache_table(tmp_path: Path, **routing: Any) -> tuple[Any, Any]:
 def test_the_table_predicts_whole_blocks_and_never_the_last_token(tmp_path: Path) -> None:
     _, table = cache_table(tmp_path)
     holding(table.index, "prefill-1", IDS, 26)
-    whole = table.blocks(IDS)
+    whole = table.blocks(pack_ids(IDS))
     assert whole is not None and whole.tokens == 420 and len(whole.hashes) == 26
     assert table.cached("prefill-1", whole) == 416  # all 26 blocks, 4 tokens left over
-    aligned = table.blocks(IDS[:416])
+    aligned = table.blocks(pack_ids(IDS[:416]))
     assert aligned is not None and table.cached("prefill-1", aligned) == 400  # not the last
     assert table.cached("prefill-2", whole) == 0
     table.index.mark_stale("prefill-1", "test")
@@ -162,3 +162,17 @@ async def test_a_stale_index_routes_by_load_and_predicts_nothing_there(tmp_path:
     seen = {(await serve(proxy, raw)).record.prefill_instance for _ in range(4)}
     assert seen == {"prefill-1", "prefill-2"}  # spread by load, no affinity
     assert proxy.requests.recent(1)[0].cached_tokens_predicted == 0
+
+
+@pytest.mark.parametrize("text", ["", "a", "abcd", "abcde", "héllo wörld " * 7, "x" * 4097])
+def test_a_text_prompt_packs_to_its_estimated_ids(text: str) -> None:
+    """The simulator's estimate hashes text without a list of ids: the same bytes."""
+    assert estimate_packed_ids(text) == pack_ids(estimate_token_ids(text))
+
+
+async def test_token_ids_no_index_can_hold_are_routed_by_load(tmp_path: Path) -> None:
+    proxy, table = make_proxy(tmp_path, FakeEngines(), prefill=2, decode=2, routing={
+        "prefill_policy": "cache_aware", "decode_policy": "cache_aware"})
+    table.index = BlockIndex(BS)
+    served = await serve(proxy, b'{"prompt": [1, 2, 3, 5000000000], "max_tokens": 2}')
+    assert served.status == 200 and served.record.cached_tokens_predicted is None

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controller.kvevents.hashing import block_chain_hash
+from controller.kvevents.hashing import ID_BYTES, block_chain_hash, pack_ids
 from controller.kvevents.wire import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -41,12 +41,14 @@ HASH_MASK = (1 << 64) - 1
 SIM_ROOT_HASH = 0x51D_C0FFEE
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """The engine hashes of the full blocks of ``token_ids``, in order."""
+def block_hashes(token_ids: Sequence[int] | bytes, block_size: int) -> list[int]:
+    """The engine hashes of the full blocks of ``token_ids`` (or them packed), in order."""
+    data = token_ids if isinstance(token_ids, bytes) else pack_ids(token_ids)
+    step = block_size * ID_BYTES
     out: list[int] = []
     parent = SIM_ROOT_HASH
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = block_chain_hash(parent, token_ids[start:start + block_size]) & HASH_MASK
+    for start in range(0, len(data) - step + 1, step):
+        parent = block_chain_hash(parent, data[start:start + step]) & HASH_MASK
         out.append(parent)
     return out
 
