@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from controller.kvevents.hashing import ID_BYTES, ROOT_HASH, block_chain_hash, pack_ids
+from controller.kvevents.hashing import ROOT_HASH, block_contents, pack_ids
 from controller.kvevents.wire import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -247,16 +247,15 @@ class BlockIndex:
             return 0
         keys = ev.extra_keys or ()
         try:
-            packed = pack_ids(ev.token_ids)
+            contents = block_contents(pack_ids(ev.token_ids), self.block_size)
         except (OverflowError, TypeError):  # not 32-bit token ids: nothing a prompt matches
             st.skipped += n
             return 0
-        step = self.block_size * ID_BYTES
         for i, engine_hash in enumerate(ev.block_hashes):
             if i < len(keys) and keys[i] is not None:
                 st.skipped += n - i
                 return i
-            own = block_chain_hash(parent, packed[i * step:(i + 1) * step])
+            own = hash((parent, contents[i]))  # hashing.block_chain_hash, batched
             entry = st.engine.get(engine_hash)
             if entry is None:
                 st.engine[engine_hash] = [own, 1]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controller.kvevents.hashing import ID_BYTES, block_chain_hash, pack_ids
+from controller.kvevents.hashing import block_contents, pack_ids
 from controller.kvevents.wire import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -43,12 +43,11 @@ SIM_ROOT_HASH = 0x51D_C0FFEE
 
 def block_hashes(token_ids: Sequence[int] | bytes, block_size: int) -> list[int]:
     """The engine hashes of the full blocks of ``token_ids`` (or them packed), in order."""
-    data = token_ids if isinstance(token_ids, bytes) else pack_ids(token_ids)
-    step = block_size * ID_BYTES
     out: list[int] = []
     parent = SIM_ROOT_HASH
-    for start in range(0, len(data) - step + 1, step):
-        parent = block_chain_hash(parent, data[start:start + step]) & HASH_MASK
+    for content in block_contents(
+            token_ids if isinstance(token_ids, bytes) else pack_ids(token_ids), block_size):
+        parent = hash((parent, content)) & HASH_MASK  # hashing.block_chain_hash, batched
         out.append(parent)
     return out
 
