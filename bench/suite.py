@@ -104,16 +104,40 @@ def commit() -> str:
     return out.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
 
 
+def earlier_sections(text: str) -> tuple[str | None, dict[str, list[str]]]:
+    """An earlier BENCHMARKS.md's run line and its sections by part title (each section's
+    lines after its ``## N. title`` heading)."""
+    run_line: str | None = None
+    title: str | None = None
+    sections: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if line.startswith("- Run: ") and title is None and run_line is None:
+            run_line = line.removeprefix("- Run: ")
+        elif line.startswith("## ") and ". " in line:
+            title = line.split(". ", 1)[1]
+            sections[title] = []
+        elif title is not None:
+            sections[title].append(line)
+    return run_line, sections
+
+
 def benchmarks_md(parts: list[PartRun], started: dt.datetime,
-                  load: tuple[float, float, float], quick: bool) -> str:
-    """BENCHMARKS.md, with a section per part that ran."""
+                  load: tuple[float, float, float], quick: bool,
+                  kept: dict[str, tuple[int, list[str]]] | None = None,
+                  kept_from: str | None = None) -> str:
+    """BENCHMARKS.md, with a section per part that ran; ``kept``: the sections of parts that
+    did not run this time (``--only``), by title with their place in the order, as an earlier
+    run (``kept_from``) wrote them."""
+    kept = kept or {}
     out = [
         "# Benchmarks",
         "",
         "Written by `make bench` (`python -m bench`); do not edit by hand -- rerun it.",
         "",
         f"- Run: {started:%Y-%m-%d %H:%M} UTC, commit {commit()}"
-        + (" (`--quick`: smoke-test sizes, not figures to quote)" if quick else ""),
+        + (" (`--quick`: smoke-test sizes, not figures to quote)" if quick else "")
+        + (f"; parts {', '.join(str(p.number) for p in parts)} only: the others are kept "
+           f"from the run of {kept_from}" if kept else ""),
         *(f"- Machine: {m}" for m in machine_lines()),
         f"- Load average when it started: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
         "- Reproduce: `make bench` (creates `.bench/venv-router` with vllm-router 0.1.17 and "
@@ -128,12 +152,18 @@ def benchmarks_md(parts: list[PartRun], started: dt.datetime,
         "histograms are Prometheus's `histogram_quantile` estimate.",
         "",
     ]
+    sections: list[tuple[int, list[str]]] = [(n, [f"## {n}. {t}", *lines])
+                                             for t, (n, lines) in kept.items()]
     for part in parts:
         verdict = "finished" if part.failed is None else f"FAILED ({part.failed})"
-        out += [f"## {part.number}. {part.title}", "", part.about, "",
-                f"`python -m {part.module}`: {verdict} in {part.seconds / 60:.1f} min.", "",
-                "```text", part.text.strip(), "```", ""]
-    return "\n".join(out)
+        sections.append((part.number, [
+            f"## {part.number}. {part.title}", "", part.about, "",
+            f"`python -m {part.module}`: {verdict} in {part.seconds / 60:.1f} min"
+            + (f" (run {started:%Y-%m-%d %H:%M} UTC)." if kept else "."), "",
+            "```text", part.text.strip(), "```", ""]))
+    for _, lines in sorted(sections, key=lambda x: x[0]):
+        out += lines
+    return "\n".join(out).rstrip("\n") + "\n"
 
 
 def run_suite(parts: list[Scenario[Any, Any]], only: list[str] | None, quick: bool) -> int:
@@ -150,7 +180,14 @@ def run_suite(parts: list[Scenario[Any, Any]], only: list[str] | None, quick: bo
         print("\ninterrupted; every process started here has been stopped; BENCHMARKS.md "
               "left as it was", file=sys.stderr)
         return 130
-    DOC.write_text(benchmarks_md(runs, started, load, quick) + "\n")
+    kept: dict[str, tuple[int, list[str]]] = {}
+    kept_from = None
+    if only and DOC.exists():  # the parts that did not run keep their sections
+        kept_from, earlier = earlier_sections(DOC.read_text())
+        ran = {r.title for r in runs}
+        kept = {p.title: (n, earlier[p.title]) for n, p in enumerate(parts, 1)
+                if p.title not in ran and p.title in earlier}
+    DOC.write_text(benchmarks_md(runs, started, load, quick, kept, kept_from))
     failed = [r.name for r in runs if r.failed]
     verdict = f"failed: {', '.join(failed)}" if failed else "all parts finished"
     print(f"\nBENCHMARKS.md rewritten; {verdict}")
