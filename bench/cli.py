@@ -40,7 +40,8 @@ def bench_parser() -> argparse.ArgumentParser:
         epilog="suite order: " + ", ".join(s.name for s in SUITE) + "; tools (not in the "
                "suite): " + ", ".join(s.name for s in SCENARIOS if not s.in_suite))
     ap.add_argument("--only", dest="suite_only", nargs="+", choices=[s.name for s in SUITE],
-                    help="run these parts only (BENCHMARKS.md then holds only them)")
+                    help="run these parts only (BENCHMARKS.md: their sections rewritten, the "
+                         "others kept from the earlier run)")
     ap.add_argument("--quick", dest="suite_quick", action="store_true",
                     help="each part's smoke-test size")
     sub = ap.add_subparsers(dest="scenario", metavar="SCENARIO",
