@@ -15,6 +15,16 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "bench-results"  # every scenario's JSON and log (git-ignored)
 
 
+def traces_dir() -> Path:
+    """The shared production traces: ``$PDCTL_TRACES_DIR``, else ``../shared/traces`` beside
+    the checkout, else the workplace's ``/work/shared/traces`` (a clone made elsewhere, as
+    CI's may be); the first that holds the Mooncake trace (else the first place)."""
+    places = [Path(os.environ["PDCTL_TRACES_DIR"])] if os.environ.get("PDCTL_TRACES_DIR") \
+        else []
+    places += [ROOT.parent / "shared" / "traces", Path("/work/shared/traces")]
+    return next((p for p in places if (p / "mooncake_conversation.jsonl").is_file()), places[0])
+
+
 def fmt(x: float | None, spec: str = "7.2f") -> str:
     """``format(x, spec)``, or ``n/a`` (as wide) for None and NaN."""
     if x is None or (isinstance(x, float) and math.isnan(x)):

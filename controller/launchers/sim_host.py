@@ -28,6 +28,7 @@ from controller.launchers.sim import SimEngineKind
 
 HOST_START_TIMEOUT_S = 30.0
 CONTROL_TIMEOUT_S = 30.0
+HOST_PORT_TRIES = 3  # a host whose port was taken before it bound it starts again
 
 
 @dataclass
@@ -70,6 +71,17 @@ class SimHostLauncher(Launcher):
             return host
 
     async def _start_host(self, log_dir: Path) -> _Host:
+        """A new host process; started again on another port when its first one was taken
+        meanwhile (the port is free when chosen, not reserved)."""
+        for attempt in range(HOST_PORT_TRIES):
+            try:
+                return await self._start_host_once(log_dir)
+            except PortTaken as exc:
+                if attempt + 1 == HOST_PORT_TRIES:
+                    raise LaunchError(str(exc)) from None
+        raise AssertionError("unreachable")
+
+    async def _start_host_once(self, log_dir: Path) -> _Host:
         index = max((h.index for h in self._hosts), default=-1) + 1
         port = free_port()
         log = log_dir / f"sim-host-{index}.log"
@@ -79,8 +91,11 @@ class SimHostLauncher(Launcher):
         deadline = time.monotonic() + HOST_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise LaunchError(f"sim host process {index} exited while starting: "
-                                  f"{exit_reason(proc.returncode)}; see {log}")
+                why = (f"sim host process {index} exited while starting: "
+                       f"{exit_reason(proc.returncode)}; see {log}")
+                if "address already in use" in tail(log, 5):
+                    raise PortTaken(why)
+                raise LaunchError(why)
             try:
                 if (await self._http.get(f"{host.url}/health", timeout=1.0)).status_code == 200:
                     return host
@@ -168,6 +183,10 @@ class SimHostLauncher(Launcher):
         await asyncio.gather(*(stop_group(h.proc, 10.0) for h in self._hosts))
         self._hosts.clear()
         await self._http.aclose()
+
+
+class PortTaken(Exception):
+    """A host process could not bind the port chosen for it."""
 
 
 def _message(resp: httpx.Response) -> str:

@@ -4,24 +4,12 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
+from bench.report import traces_dir
 from controller.replay.trace import BLOCK_TOKENS, TraceError, load_trace
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def traces_dir() -> Path:
-    """The shared traces: ``$PDCTL_TRACES_DIR``, else ``../shared/traces`` beside the checkout,
-    else the workplace's ``/work/shared/traces`` (a clone made elsewhere, as CI's may be)."""
-    places = [Path(os.environ["PDCTL_TRACES_DIR"])] if os.environ.get("PDCTL_TRACES_DIR") \
-        else []
-    places += [ROOT.parent / "shared" / "traces", Path("/work/shared/traces")]
-    return next((p for p in places if (p / "mooncake_conversation.jsonl").is_file()), places[0])
-
 
 TRACES = traces_dir()
 MOONCAKE = TRACES / "mooncake_conversation.jsonl"

@@ -122,3 +122,29 @@ def test_log_records_go_to_the_engine_whose_task_emitted_them(tmp_path: Path) ->
     router.handle(rec)
     ENGINE.reset(token)
     assert seen == ["for x"]
+
+
+async def test_a_host_whose_port_was_taken_starts_again_on_another(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The port chosen for a host process is free when chosen, not reserved: a host that
+    finds it taken is started again on a fresh one (seen in CI as a failed instance)."""
+    import socket
+
+    from controller.config import load_settings
+    from controller.launchers import sim_host
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = iter([taken.getsockname()[1]])
+    monkeypatch.setattr(sim_host, "free_port", lambda: next(ports, None) or free_port())
+    launcher = sim_host.SimHostLauncher(load_settings(
+        None, backend="sim", sim={"processes": 1}, controller={"state_dir": tmp_path}))
+    try:
+        host = await launcher._start_host(tmp_path)
+        launcher._hosts.append(host)  # stopped by close()
+        assert host.url != f"http://127.0.0.1:{taken.getsockname()[1]}"
+        assert "address already in use" in (tmp_path / "sim-host-0.log").read_text()
+    finally:
+        await launcher.close()
+        taken.close()

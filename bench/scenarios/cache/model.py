@@ -7,10 +7,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.report import ROOT
+from bench.report import traces_dir
 from bench.scenarios.router.model import DEFAULT_ROUTER, Goal
 
-TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+TRACE = traces_dir() / "mooncake_conversation.jsonl"
 MODEL = "llama-3.1-70b"  # 131,072 tokens of context: the trace's prompts reach ~125k
 CACHE_HARDWARE = "h100-sxm"
 TP = 4
