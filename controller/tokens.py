@@ -54,17 +54,10 @@ def estimate_token_ids(text: str) -> list[int]:
     as ``estimate_tokens`` counts, and two texts share leading ids exactly where they share
     leading 4-byte pieces: what the simulated engine caches prefixes by, and what the router
     predicts its hits from."""
-    data = text.encode("utf-8")
-    if not data:
-        return []
-    pad = -len(data) % BYTES_PER_TOKEN
-    if pad:
-        data += b"\0" * pad
-    return memoryview(data).cast("I").tolist() if _LITTLE else [
-        int.from_bytes(data[i:i + 4], "little") for i in range(0, len(data), 4)]
-
-
-_LITTLE = sys.byteorder == "little"
+    data = estimate_packed_ids(text)
+    if _BIG_ENDIAN:
+        return [int.from_bytes(data[i:i + 4], "little") for i in range(0, len(data), 4)]
+    return memoryview(data).cast("I").tolist()
 
 
 def _content_text(content: Any) -> str:

@@ -12,7 +12,6 @@ the cache-aware policy routes them by load, and ``health`` says why.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -83,8 +82,7 @@ class KvEventsHub:
         subs, self._subs = list(self._subs.values()), {}
         await asyncio.gather(*(s.stop() for s in subs), *self._stopping)
         for s in subs:
-            with contextlib.suppress(Exception):
-                self.index.remove(s.instance)
+            self.index.remove(s.instance)
 
     @staticmethod
     def _log_stale(out: Outcome) -> None:
