@@ -169,6 +169,13 @@ class Metrics:
             "(kind=predicted, from the engines' KV events) and of those the engine reported "
             "served from it (kind=reported); drift: predicted against reported",
             ["instance", "kind"], registry=r)
+        self.handoff = Counter(
+            "pdctl_handoff_decisions", "Hand-off decisions (routing.disagg_policy) by policy "
+            "and decision (disaggregated, local)", ["policy", "decision"], registry=r)
+        self.kv_fallback = Counter(
+            "pdctl_kv_fallback_requests", "Requests routed disaggregated whose decode engine "
+            "computed the prompt itself (the KV never arrived: silent fallback), by prefill "
+            "and decode instance", ["prefill", "decode"], registry=r)
         self.planner_recommended = Gauge(
             "pdctl_planner_recommended_instances", "The SLA planner's recommended pool size "
             "(advisory and apply modes; absent when the planner is off)", ["role"], registry=r)

@@ -12,10 +12,13 @@ from pdctl_api.schema import InstanceState, RequestPath, Role
 
 @dataclass(frozen=True)
 class PoolTarget:
-    """A pool's desired size and tensor parallelism."""
+    """A pool's desired size, tensor parallelism and KV transfer mode: ``pull`` (vLLM's
+    NixlConnector: the decode engine reads the KV from the prefill engine) or ``push``
+    (NixlPushConnector: the prefill engine writes it into the decode engine's blocks)."""
 
     size: int
     tp: int
+    kv_mode: str = "pull"
 
 
 @dataclass
@@ -45,12 +48,19 @@ class Instance:
     kv_expired: float = 0.0  # cumulative, vllm:nixl_num_kv_expired_reqs (prefill side)
     kv_after_expiry: float = 0.0  # cumulative, vllm:nixl_num_notifications_after_expiry
     nixl_failed: float = 0.0  # cumulative, vllm:nixl_num_failed_transfers (decode side)
+    # cumulative prompt tokens it computed itself (vllm:prompt_tokens_by_source, source
+    # local_compute); None when the engine does not say
+    local_compute: float | None = None
     health_failures: int = 0
     ended_at: float | None = None
     last_error: str | None = None
     accelerators: tuple[int, ...] = ()  # the devices (GPUs, CPU cores) it runs on
     slots: tuple[int, ...] = ()  # placement slots; differ from devices when instances share
     node: str | None = None  # the Ray node it runs on; None for local processes
+    kv_mode: str = "pull"  # its KV connector: "pull" (NixlConnector), "push" (NixlPushConnector)
+    # Its NIXL identity, which a push-mode decode hop must name: {"engine_id", "host", "port"
+    # (the side channel), "tp_size"}; None where the controller does not know it (external).
+    kv_peer: dict[str, Any] | None = None
     handle: Any = field(default=None, repr=False)
 
     def public(self, inflight: int = 0) -> dict[str, Any]:
@@ -60,6 +70,7 @@ class Instance:
             "url": self.url,
             "state": self.state.value,
             "tp": self.tp,
+            "kv_mode": self.kv_mode,
             "accelerators": list(self.accelerators),
             "created_at": self.created_at,
             "ready_at": self.ready_at,
@@ -77,6 +88,7 @@ class Instance:
             "last_error": self.last_error,
             "pid": self.pid,
             "node": self.node,
+            "kv_peer": self.kv_peer,
         }
 
     @property
@@ -127,6 +139,20 @@ class RequestRecord:
     cached_tokens_predicted: int | None = None
     cached_tokens: int | None = None
     decode_cached_tokens_predicted: int | None = None
+    # The hand-off decision (``controller.router.handoff``): "disaggregated" or "local", and
+    # why. The path taken can differ (a failed prefill hop is served colocated).
+    decision: str | None = None
+    decision_reason: str | None = None
+    # Routed disaggregated, but its decode engine computed the prompt itself: the KV never
+    # arrived (``controller.obs.kv_fallback``).
+    kv_fallback: bool = False
+
+    @property
+    def decided(self) -> float:
+        """The decision as a number (the request log's columns): 1 disaggregated, 0 local,
+        -1 none (refused before routing)."""
+        return 1.0 if self.decision == "disaggregated" else (
+            0.0 if self.decision == "local" else -1.0)
 
     def public(self) -> dict[str, Any]:
         return {
@@ -158,4 +184,7 @@ class RequestRecord:
             "cached_tokens_predicted": self.cached_tokens_predicted,
             "cached_tokens": self.cached_tokens,
             "decode_cached_tokens_predicted": self.decode_cached_tokens_predicted,
+            "decision": self.decision,
+            "decision_reason": self.decision_reason,
+            "kv_fallback": self.kv_fallback,
         }

@@ -40,7 +40,7 @@ def _summaries(columns: np.ndarray) -> list[dict[str, float]]:
 
 STATUSES = ("ok", "error", "cancelled", "rejected")
 NUMERIC = ("started_at", "ttft_ms", *COMPONENTS, "prompt_tokens", "output_tokens", "itl_ms",
-           "kv_bytes", "gap_p99_ms", "gap_max_ms", "gaps", "e2e_ms", "retries")
+           "kv_bytes", "gap_p99_ms", "gap_max_ms", "gaps", "e2e_ms", "retries", "decided")
 _numeric_row = attrgetter(*NUMERIC)
 COL = {name: k for k, name in enumerate(NUMERIC)}
 
@@ -300,6 +300,8 @@ def _bucket(t: float, step_s: float, c: Columns) -> dict[str, Any]:
         "errors": len(c) - len(ok),
         "disaggregated": n_disagg,
         "colocated": len(ok) - n_disagg,
+        "decided_disaggregated": int((c.col("decided") == 1).sum()),
+        "decided_local": int((c.col("decided") == 0).sum()),
         "ttft_ms": {q: ttft[q] for q in ("p50", "p90", "p99", "mean")},
         "gap_p99_ms": percentiles(gap_p99)["p99"] if gap_p99.size else None,
         "itl_ms": float(ok.col("itl_ms").mean()) if len(ok) else None,

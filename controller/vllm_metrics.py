@@ -21,3 +21,17 @@ def sum_series(text: str, names: Collection[str]) -> dict[str, float]:
             with contextlib.suppress(ValueError, IndexError):
                 out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
+
+
+def sum_labelled(text: str, name: str, label: str, value: str) -> float | None:
+    """The sum of ``name``'s samples whose ``label`` is ``value`` (e.g. vLLM's
+    ``vllm:prompt_tokens_by_source_total{source="local_compute"}``); None when none is on
+    the page."""
+    want = f'{label}="{value}"'
+    total: float | None = None
+    prefix = name + "{"
+    for line in text.splitlines():
+        if line.startswith(prefix) and want in line.split("}", 1)[0]:
+            with contextlib.suppress(ValueError, IndexError):
+                total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
+    return total

@@ -1,5 +1,6 @@
 """What an operator's change will do, shown before it is sent: a pool change as the
-controller's own plan for it (the dry run's actions), whether a change is disruptive (and so
+controller's own plan for it (the dry run's actions; a change of the KV transfer mode drains
+and restarts instances like a TP change), whether a change is disruptive (and so
 needs a confirmation), a drain, and which routing fields changed. Pure functions: the dry run
 itself is one call of the client."""
 
@@ -32,6 +33,7 @@ class PendingChange:
     size: int | None = None
     tp: int | None = None
     instance_id: str | None = None
+    kv_mode: str | None = None  # pool: the KV transfer mode to send (None: unchanged)
     patch: tuple[tuple[str, Any], ...] | None = None  # routing: the fields to send
 
 
@@ -41,20 +43,27 @@ class PoolRequest:
 
     size: int | None
     tp: int | None
+    kv_mode: str | None = None
 
 
-def pool_request(size: int, tp: int, new_size: int, new_tp: int) -> PoolRequest | None:
-    """The change from ``size x TP tp`` to ``new_size x TP new_tp``; None if nothing changes."""
-    if (size, tp) == (new_size, new_tp):
+def pool_request(size: int, tp: int, new_size: int, new_tp: int, kv_mode: str = "pull",
+                 new_kv_mode: str | None = None) -> PoolRequest | None:
+    """The change from ``size x TP tp`` (KV ``kv_mode``) to ``new_size x TP new_tp`` (KV
+    ``new_kv_mode``, unchanged when None); None if nothing changes."""
+    new_mode = kv_mode if new_kv_mode is None else new_kv_mode
+    if (size, tp, kv_mode) == (new_size, new_tp, new_mode):
         return None
     return PoolRequest(size=new_size if new_size != size else None,
-                       tp=new_tp if new_tp != tp else None)
+                       tp=new_tp if new_tp != tp else None,
+                       kv_mode=new_mode if new_mode != kv_mode else None)
 
 
 def action_text(a: PlannedAction) -> str:
     """One planned action, in the controller's words (its ``reason``)."""
     if a.kind == "start":
-        return f"**start** a {a.role} instance at TP {a.tp} — {a.reason}"
+        # Pull is the default and every older controller's: only push is worth a word.
+        mode = " (KV push)" if getattr(a, "kv_mode", None) == "push" else ""
+        return f"**start** a {a.role} instance at TP {a.tp}{mode} — {a.reason}"
     if a.kind == "drain":
         return (f"**drain** {a.instance_id} (no new requests; it stops when its requests "
                 f"finish) — {a.reason}")
@@ -65,19 +74,36 @@ NOTHING_PLANNED = ("the controller plans nothing right now (instances it already
                    "drained cover the change)")
 
 
-def pool_change(role: Role, size: int, tp: int, plan: PoolPlanPublic) -> PendingChange:
-    """The reviewed change from ``size x TP tp`` to the plan's desired pool, its effects the
-    controller's planned actions. Scaling down and changing TP are disruptive (instances
-    drain), and so is any plan that drains or stops an instance."""
+def kv_mode_effect(role: Role, old: str, new: str) -> str:
+    """What a change of the pool's KV transfer mode does, in words."""
+    how = ("the router sends both hops at once and the prefill engine writes the KV into "
+           "the decode engine's blocks (NixlPushConnector)" if new == "push" else
+           "the decode engine reads the KV once the prefill hop is done (NixlConnector)")
+    return (f"KV transfer {old} → {new}: like a TP change, every {role} instance is drained "
+            f"(its requests finish) and restarted with the new connector, a rolling replace "
+            f"until the pool has converged; then {how}")
+
+
+def pool_change(role: Role, size: int, tp: int, plan: PoolPlanPublic,
+                kv_mode: str = "pull") -> PendingChange:
+    """The reviewed change from ``size x TP tp`` (KV ``kv_mode``) to the plan's desired pool,
+    its effects the controller's planned actions. Scaling down and changing TP or the KV
+    transfer mode are disruptive (instances drain and restart), and so is any plan that
+    drains or stops an instance."""
     new = plan.desired
-    disruptive = (new.size < size or new.tp != tp
+    new_mode = getattr(new, "kv_mode", kv_mode) or kv_mode
+    mode_changed = new_mode != kv_mode
+    disruptive = (new.size < size or new.tp != tp or mode_changed
                   or any(a.kind != "start" for a in plan.actions))
+    modes = f", KV {kv_mode} → {new_mode}" if mode_changed else ""
     return PendingChange(
-        kind="pool", title=f"{role} pool: {size} x TP{tp} → {new.size} x TP{new.tp}",
-        effects=(tuple(action_text(a) for a in plan.actions) or (NOTHING_PLANNED,))
+        kind="pool", title=f"{role} pool: {size} x TP{tp} → {new.size} x TP{new.tp}{modes}",
+        effects=((kv_mode_effect(role, kv_mode, new_mode),) if mode_changed else ())
+        + (tuple(action_text(a) for a in plan.actions) or (NOTHING_PLANNED,))
         + tuple(plan.notes),
         disruptive=disruptive, role=role,
-        size=new.size if new.size != size else None, tp=new.tp if new.tp != tp else None)
+        size=new.size if new.size != size else None, tp=new.tp if new.tp != tp else None,
+        kv_mode=new_mode if mode_changed else None)
 
 
 def drain_change(instance: InstancePublic) -> PendingChange:
@@ -160,6 +186,24 @@ def cache_notes(current: RoutingPublic, patch: dict[str, Any]) -> list[str]:
     return out
 
 
+HANDOFF_POLICIES = {
+    "threshold": "each request goes disaggregated when its prompt has at least "
+                 "`disagg_min_prompt_tokens` tokens, else local on its decode instance",
+    "slo": "each request goes disaggregated only when that is faster for its uncached tokens, "
+           "the queues and the KV transfer (protecting the gap target); "
+           "`disagg_min_prompt_tokens` no longer decides alone",
+}
+
+
+def handoff_notes(patch: dict[str, Any]) -> list[str]:
+    """What a change of ``disagg_policy`` does (Transfer shows the decisions it makes)."""
+    new = patch.get("disagg_policy")
+    if new is None:
+        return []
+    return [f"hand-off `{new}`: {HANDOFF_POLICIES.get(str(new), 'the controller decides')} "
+            "(Transfer shows each decision and why)"]
+
+
 def routing_change(current: RoutingPublic, patch: dict[str, Any],
                    recent_prompts: list[int] | None = None) -> PendingChange:
     """The reviewed routing change: each field old -> new, a preview of a threshold change
@@ -169,7 +213,7 @@ def routing_change(current: RoutingPublic, patch: dict[str, Any],
         effects.append(threshold_preview(current.disagg_min_prompt_tokens,
                                          int(patch["disagg_min_prompt_tokens"]),
                                          recent_prompts))
-    effects += cache_notes(current, patch)
+    effects += cache_notes(current, patch) + handoff_notes(patch)
     disruptive = any(_tightens(k, getattr(current, k), v) for k, v in patch.items())
     if disruptive:
         effects.append("a tighter limit: requests beyond it are refused (429), cut or served "

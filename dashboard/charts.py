@@ -8,6 +8,7 @@ import pandas as pd
 
 from dashboard import altair_speed
 from dashboard.frames import PART_LABELS, PATHS, ROLE_NAMES
+from dashboard.handoff import DECISION_SERIES
 from dashboard.prefix_cache import PREDICTED, REPORTED
 from dashboard.timeline import MARK_COLORS
 
@@ -319,3 +320,17 @@ def hit_rates(long: pd.DataFrame) -> alt.Chart:
             domain=HIT_SERIES, range=[[1, 0], [6, 3]])),
         tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"), "series:N",
                  alt.Tooltip("value:Q", format=".1%")])
+
+
+DECISION_COLORS = alt.Scale(domain=list(DECISION_SERIES), range=["#4c78a8", "#72b7b2"])
+
+
+def decision_mix(long: pd.DataFrame) -> alt.Chart:
+    """Hand-off decisions per bucket (``time, decision, requests``: ``handoff.
+    decision_series``), stacked: decided disaggregated under decided local."""
+    return alt.Chart(long, height=HEIGHT - 40).mark_area(interpolate="step-after").encode(
+        x=TIME, y=alt.Y("requests:Q", title="requests decided", stack="zero"),
+        color=alt.Color("decision:N", title=None, scale=DECISION_COLORS,
+                        legend=alt.Legend(orient="bottom")),
+        tooltip=[alt.Tooltip("time:T", format="%H:%M:%S"), "decision:N",
+                 alt.Tooltip("requests:Q", format=",d")])

@@ -28,8 +28,10 @@ PART_LABELS = {"queue": "queue", "prefill": "prefill", "transfer": "KV transfer"
                "decode_sched": "decode scheduling", "overhead": "overhead"}
 PERCENTILES = ("p50", "p90", "p99")
 PATHS = ("disaggregated", "colocated", "errors")
-REQUEST_EXTRAS = ("prefill_instance", "decode_instance", "kv_handle", "suspect")
+REQUEST_EXTRAS = ("prefill_instance", "decode_instance", "kv_handle", "suspect", "decision",
+                  "decision_reason", "kv_fallback")
 SUSPECT_FLAG = "⚠ suspect"
+FALLBACK_FLAG = "⚠ fallback"  # a silent KV fallback: the decode engine computed the prompt
 ROLE_NAMES = [r.value for r in Role]  # the ``role`` column's values, prefill first
 
 
@@ -48,18 +50,20 @@ def _request_row(r: RequestPublic) -> tuple[Any, ...]:
     return (r.id, r.started_at, r.path.value, r.status, r.prompt_tokens, r.output_tokens,
             r.kv_bytes, r.ttft_ms, r.queue_ms, r.prefill_ms, r.transfer_ms, r.decode_sched_ms,
             r.overhead_ms, r.prefill_instance or "", r.decode_instance or "",
-            r.kv_handle or "", r.suspect)
+            r.kv_handle or "", r.suspect, r.decision or "", r.decision_reason or "",
+            r.kv_fallback)
 
 
 def requests_frame(records: list[RequestPublic]) -> pd.DataFrame:
     """Recent requests (the API sends newest first), oldest first, with ``seq`` 1..n.
 
     ``suspect`` is False and ``kv_handle`` "" for records of an older controller that does
-    not send them (the model's defaults)."""
+    not send them (the model's defaults); so are ``decision`` and ``decision_reason`` ""
+    and ``kv_fallback`` False."""
     df = pd.DataFrame([_request_row(r) for r in reversed(records)], columns=REQUEST_FRAME_COLUMNS)
-    for c in ("prefill_instance", "decode_instance", "kv_handle"):
+    for c in ("prefill_instance", "decode_instance", "kv_handle", "decision", "decision_reason"):
         df[c] = df[c].astype("object")
-    df["suspect"] = df["suspect"].astype(bool)
+    df[["suspect", "kv_fallback"]] = df[["suspect", "kv_fallback"]].astype(bool)
     df["started"] = _when(df["started_at"].to_numpy())
     df["seq"] = range(1, len(df) + 1)
     ttft = df["ttft_ms"].astype("float64")
@@ -75,15 +79,17 @@ def through(requests: pd.DataFrame, instance_id: str) -> pd.DataFrame:
 
 
 def recent_table(requests: pd.DataFrame) -> pd.DataFrame:
-    """Recent requests for a table, newest first: ``suspect`` shown as a flag
-    (``SUSPECT_FLAG`` or empty), local wall-clock times."""
+    """Recent requests for a table, newest first: ``suspect`` and ``kv_fallback`` shown as
+    flags (or empty), local wall-clock times."""
     df = requests.iloc[::-1]
     out = pd.DataFrame({
         "suspect": df["suspect"].map(lambda v: SUSPECT_FLAG if v else "").astype("object"),
         "started": df["started"].dt.tz_convert(_LOCAL).dt.tz_localize(None),
         **{c: df[c] for c in ("id", "path", "status", "prompt_tokens", "output_tokens",
                               "ttft_ms", "transfer_ms", "prefill_instance", "decode_instance",
-                              "kv_handle")},
+                              "kv_handle", "decision", "decision_reason")},
+        "kv_fallback": df["kv_fallback"].map(lambda v: FALLBACK_FLAG if v else "")
+        .astype("object"),
     })
     return out.reset_index(drop=True)
 
@@ -263,15 +269,15 @@ def _on_grid(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def instances_frame(instances: Iterable[InstancePublic]) -> pd.DataFrame:
-    """Every instance with role, state, TP, load and node (a Ray node's IP, or
+    """Every instance with role, state, TP, KV transfer mode, load and node (a Ray node's IP, or
     ``LOCAL_NODE``), sorted by role then id; ``col``/``row``
     place it on a grid of ``GRID_COLUMNS`` cells per row within its role."""
-    rows = [(i.id, i.role.value, i.state.value, i.tp, i.load.running, i.load.waiting,
-             i.load.inflight, i.load.kv_cache_usage, i.node or LOCAL_NODE, i.url,
-             i.last_error or "")
+    rows = [(i.id, i.role.value, i.state.value, i.tp, getattr(i, "kv_mode", None) or "pull",
+             i.load.running, i.load.waiting, i.load.inflight, i.load.kv_cache_usage,
+             i.node or LOCAL_NODE, i.url, i.last_error or "")
             for i in instances]
-    cols = ["id", "role", "state", "tp", "running", "waiting", "inflight", "kv_cache_usage",
-            "node", "url", "last_error"]
+    cols = ["id", "role", "state", "tp", "kv_mode", "running", "waiting", "inflight",
+            "kv_cache_usage", "node", "url", "last_error"]
     df = pd.DataFrame(rows, columns=cols)
     if df.empty:
         return df.assign(col=pd.Series(dtype="int64"), row=pd.Series(dtype="int64"))
@@ -319,6 +325,7 @@ def pool_summary(cluster: ClusterPublic) -> pd.DataFrame:
         n = len(load)
         rows.append({
             "role": role.value, "desired_size": pool.desired.size, "tp": pool.desired.tp,
+            "kv_mode": getattr(pool.desired, "kv_mode", None) or "pull",
             "ready": pool.actual.ready, "starting": pool.actual.starting,
             "draining": pool.actual.draining,
             "ready_at_desired_tp": pool.actual.ready_at_desired_tp,

@@ -42,7 +42,7 @@ def confirm_pending() -> None:
     if p.kind == "pool" and p.role is not None:
         role = p.role
         _send_change(section, f"{p.title}: sent, the pool is converging",
-              lambda: c.set_pool(role, size=p.size, tp=p.tp))
+              lambda: c.set_pool(role, size=p.size, tp=p.tp, kv_mode=p.kv_mode))
     elif p.kind == "drain" and p.instance_id is not None:
         iid = p.instance_id
         _send_change(section, f"{iid} is draining", lambda: c.drain(iid))

@@ -1,6 +1,6 @@
 """The one client of the controller's control API: a typed, synchronous ``PdctlClient`` with a
 method per route, each returning the route's model from ``pdctl_api.schema``, and ``ApiError``,
-the only exception it raises. The CLI (``pdctl status|scale|tp|route``) and the console both
+the only exception it raises. The CLI (``pdctl status|scale|tp|kv-mode|route``) and the console both
 use it.
 """
 
@@ -288,21 +288,25 @@ class PdctlClient:
     # ---- changes -----------------------------------------------------------------------
 
     @staticmethod
-    def _pool_body(size: int | None, tp: int | None) -> dict[str, int]:
-        return {k: v for k, v in (("size", size), ("tp", tp)) if v is not None}
+    def _pool_body(size: int | None, tp: int | None, kv_mode: str | None = None
+                   ) -> dict[str, int | str]:
+        given: tuple[tuple[str, int | str | None], ...] = (
+            ("size", size), ("tp", tp), ("kv_mode", kv_mode))
+        return {k: v for k, v in given if v is not None}
 
-    def set_pool(self, role: Role | str, size: int | None = None, tp: int | None = None
-                 ) -> PoolPublic:
-        """Change the pool's desired size and/or TP; the controller converges to it."""
+    def set_pool(self, role: Role | str, size: int | None = None, tp: int | None = None,
+                 kv_mode: str | None = None) -> PoolPublic:
+        """Change the pool's desired size, TP and/or KV transfer mode (``pull``, ``push``);
+        the controller converges to it (a rolling replace for TP and mode)."""
         return self._call(_adapter(PoolPublic), "PATCH", f"/pools/{Role(role)}",
-                          body=self._pool_body(size, tp))
+                          body=self._pool_body(size, tp, kv_mode))
 
-    def plan_pool(self, role: Role | str, size: int | None = None, tp: int | None = None
-                  ) -> PoolPlanPublic:
+    def plan_pool(self, role: Role | str, size: int | None = None, tp: int | None = None,
+                  kv_mode: str | None = None) -> PoolPlanPublic:
         """The dry run of ``set_pool``: validated the same way, nothing changed, and the
         actions the controller's next reconcile step would take."""
         return self._call(_adapter(PoolPlanPublic), "PATCH", f"/pools/{Role(role)}",
-                          {"dry_run": "true"}, self._pool_body(size, tp))
+                          {"dry_run": "true"}, self._pool_body(size, tp, kv_mode))
 
     def drain(self, instance_id: str) -> InstancePublic:
         return self._call(_adapter(InstancePublic), "POST", f"/instances/{instance_id}/drain")

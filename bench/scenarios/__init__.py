@@ -9,6 +9,7 @@ from typing import Any
 from bench.scenario import Scenario
 from bench.scenarios.cache import CacheScenario
 from bench.scenarios.console import ConsoleScenario
+from bench.scenarios.handoff import HandoffScenario
 from bench.scenarios.lab import LabScenario
 from bench.scenarios.measure_lab import MeasureLabTool
 from bench.scenarios.nixl import NixlTool
@@ -19,4 +20,4 @@ from bench.scenarios.scale import ScaleScenario
 
 SCENARIOS: tuple[Scenario[Any, Any], ...] = (
     RouterScenario(), CacheScenario(), LabScenario(), ScaleScenario(), ConsoleScenario(),
-    RayStartScenario(), PlannerScenario(), NixlTool(), MeasureLabTool())
+    RayStartScenario(), PlannerScenario(), HandoffScenario(), NixlTool(), MeasureLabTool())

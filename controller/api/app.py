@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import httpx
@@ -35,8 +35,9 @@ from controller.launchers.sim import SimEngineKind
 from controller.launchers.sim_host import SimHostLauncher
 from controller.launchers.vllm import VllmEngineKind
 from controller.metrics import Metrics
-from controller.models import Role
+from controller.models import Instance, Role
 from controller.obs import prometheus
+from controller.obs.kv_fallback import FallbackWatch
 from controller.obs.kv_integrity import LeaseWatch
 from controller.obs.targets import Targets, TargetsCollector
 from controller.planner.service import Planner
@@ -92,10 +93,25 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
                       arrivals=lambda: (proxy.arrived, proxy.arrived_prompt_tokens))
     targets = Targets(settings.targets, store)
     metrics.registry.register(TargetsCollector(lambda: targets.settings))
+    proxy.targets = lambda: (targets.settings.ttft_p95_ms, targets.settings.gap_p99_ms)
+    fallback = proxy.fallback = FallbackWatch(requests, metrics, store, settings.kv_block_size)
     return AppState(settings, store, fleet, table, proxy, requests, metrics, upstream,
                     ensure_token(state_dir), LeaseWatch(requests, metrics, store), planner,
                     targets,
-                    viewer_token=ensure_token(state_dir, "viewer-token"), writes=writes)
+                    viewer_token=ensure_token(state_dir, "viewer-token"), writes=writes,
+                    fallback=fallback)
+
+
+def _after_poll(st: AppState) -> Callable[[list[Instance]], None]:
+    """What reads the engines' counters after each load poll: the KV lease and the
+    silent-fallback watches."""
+    fallback = st.fallback
+
+    def after(instances: list[Instance]) -> None:
+        st.lease_watch.check(instances)
+        if fallback is not None:
+            fallback.check(instances)
+    return after
 
 
 @contextlib.asynccontextmanager
@@ -108,7 +124,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.warning("%s: %s", event["target"], event["detail"])
     sd_file = prometheus.targets_path(st.settings.controller.state_dir)
     tasks = [asyncio.create_task(st.fleet.run()),
-             asyncio.create_task(st.fleet.run_load_poller(st.lease_watch.check)),
+             asyncio.create_task(st.fleet.run_load_poller(_after_poll(st))),
              asyncio.create_task(prometheus.keep_targets(st.fleet.registry, sd_file,
                                                          st.settings.controller.tick_s)),
              asyncio.create_task(st.planner.run())]

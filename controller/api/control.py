@@ -13,6 +13,7 @@ objects."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Security
@@ -127,11 +128,14 @@ async def patch_pool(role: Role, body: PoolUpdate, st: State, request: Request,
                          "validate the change exactly like the real one, change nothing, and "
                          "answer the actions the next reconcile step would take"))] = False
                      ) -> PoolPublic | PoolPlanPublic:
+    if body.kv_mode == "push":  # the first look at the installed vLLM takes seconds
+        await asyncio.to_thread(st.fleet.desired.push_problem)
     if dry_run:
-        actions = st.fleet.preview_pool(role, body.size, body.tp)
-        return pool_plan_view(st, role, body.size, body.tp, [planned(a) for a in actions])
+        actions = st.fleet.preview_pool(role, body.size, body.tp, body.kv_mode)
+        return pool_plan_view(st, role, body.size, body.tp, [planned(a) for a in actions],
+                              body.kv_mode)
     async with st.writes:
-        st.fleet.set_pool(role, body.size, body.tp, audit_actor(request))
+        st.fleet.set_pool(role, body.size, body.tp, audit_actor(request), kv_mode=body.kv_mode)
         return pool_view(st, role)
 
 

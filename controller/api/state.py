@@ -11,6 +11,7 @@ from starlette.requests import Request
 from controller.config import Settings
 from controller.fleet import Fleet
 from controller.metrics import Metrics
+from controller.obs.kv_fallback import FallbackWatch
 from controller.obs.kv_integrity import LeaseWatch
 from controller.obs.targets import Targets
 from controller.planner.service import Planner
@@ -39,6 +40,7 @@ class AppState:
     # Held by every change to the cluster (pools, routing, drains, the planner's): one at a
     # time, in order.
     writes: asyncio.Lock = field(default_factory=asyncio.Lock)
+    fallback: FallbackWatch | None = None  # silent KV fallbacks (told of every decode hop)
 
 
 def app_state(request: Request) -> AppState:

@@ -16,6 +16,7 @@ import time
 from controller.api.state import AppState
 from controller.fleet.reconcile import Action, Drain, Start
 from controller.models import Instance, RequestRecord, Role
+from controller.obs.handoff_report import handoff_report
 from controller.planner.service import Plan
 from controller.requests_log import stats, timeseries
 from controller.router.table import RoutingTable
@@ -25,6 +26,7 @@ from pdctl_api.schema import (
     AdmissionPublic,
     BucketPublic,
     ClusterPublic,
+    HandoffPublic,
     HardwarePublic,
     HealthPublic,
     InstancePublic,
@@ -47,6 +49,7 @@ from pdctl_api.schema import (
     StatsPublic,
     TimeseriesPublic,
 )
+from pdctl_api.schema.cluster import KvPeerPublic
 
 # ---- instances and pools -------------------------------------------------------------------
 
@@ -64,7 +67,9 @@ def instance_view(inst: Instance, inflight: int) -> InstancePublic:
                         kv_expired_requests=inst.kv_expired,
                         notifications_after_expiry=inst.kv_after_expiry,
                         failed_transfers=inst.nixl_failed),
-        last_error=inst.last_error, pid=inst.pid, node=inst.node)
+        last_error=inst.last_error, pid=inst.pid, node=inst.node,
+        kv_mode="push" if inst.kv_mode == "push" else "pull",
+        kv_peer=None if inst.kv_peer is None else KvPeerPublic.model_validate(inst.kv_peer))
 
 
 def instances_view(st: AppState, instances: list[Instance]) -> list[InstancePublic]:
@@ -79,18 +84,24 @@ def pool_view(st: AppState, role: Role) -> PoolPublic:
 def planned(action: Action) -> PlannedAction:
     """A reconciler action as the API shows it."""
     if isinstance(action, Start):
-        return PlannedAction(kind="start", role=action.role, tp=action.tp, reason=action.reason)
+        return PlannedAction(kind="start", role=action.role, tp=action.tp,
+                             kv_mode="push" if action.kv_mode == "push" else "pull",
+                             reason=action.reason)
     kind = "drain" if isinstance(action, Drain) else "stop"
     return PlannedAction(kind=kind, instance_id=action.instance_id, reason=action.reason)
 
 
 def pool_plan_view(st: AppState, role: Role, size: int | None, tp: int | None,
-                   actions: list[PlannedAction]) -> PoolPlanPublic:
+                   actions: list[PlannedAction], kv_mode: str | None = None
+                   ) -> PoolPlanPublic:
     """The dry run of a pool change: the desired state it asks for and the planned steps."""
     now = st.fleet.targets[role]
     tp = now.tp if tp is None else tp
+    mode = now.kv_mode if kv_mode is None else kv_mode
     return PoolPlanPublic(role=role, desired=PoolSize(size=now.size if size is None else size,
-                                                      tp=tp),
+                                                      tp=tp,
+                                                      kv_mode="push" if mode == "push"
+                                                      else "pull"),
                           actions=actions, notes=pool_notes(st, role, tp))
 
 
@@ -149,7 +160,9 @@ def request_view(r: RequestRecord) -> RequestPublic:
         error=r.error, kv_handle=r.kv_handle, suspect=r.suspect, gap_p99_ms=r.gap_p99_ms,
         gap_max_ms=r.gap_max_ms, cached_tokens_predicted=r.cached_tokens_predicted,
         cached_tokens=r.cached_tokens,
-        decode_cached_tokens_predicted=r.decode_cached_tokens_predicted)
+        decode_cached_tokens_predicted=r.decode_cached_tokens_predicted,
+        decision=r.decision, decision_reason=r.decision_reason,
+        kv_fallback=r.kv_fallback)
 
 
 def nixl_totals(instances: list[Instance]) -> NixlTotals:
@@ -189,7 +202,12 @@ def stats_view(st: AppState, window_s: float, end: float | None) -> StatsPublic:
         **stats(cols, window_s, st.table.settings.transfer_alert_share, covered),
         pools={r: utilization(st.table, r) for r in Role},
         total_requests=st.requests.total, admission=admission_view(st),
-        kv_integrity=KvIntegrityPublic.model_validate(st.lease_watch.summary(window_s)))
+        kv_integrity=KvIntegrityPublic.model_validate(st.lease_watch.summary(window_s)),
+        handoff=HandoffPublic.model_validate(handoff_report(
+            [r for r in st.requests.window(window_s, end) if end is None or r.started_at < end],
+            st.table.settings.disagg_policy,
+            st.fleet.desired.targets[Role.PREFILL].size,
+            st.fallback.summary(window_s) if st.fallback else {}, window_s)))
 
 
 def timeseries_view(st: AppState, window_s: float, step_s: float, end: float | None

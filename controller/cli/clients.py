@@ -1,5 +1,5 @@
-"""Thin command-line clients of the REST API: ``status``, ``scale``, ``tp``, ``route``, through
-``pdctl_api``'s client and models."""
+"""Thin command-line clients of the REST API: ``status``, ``scale``, ``tp``, ``kv-mode``,
+``route``, through ``pdctl_api``'s client and models."""
 
 from __future__ import annotations
 
@@ -46,12 +46,19 @@ def add_parsers(sub: SubParsers) -> None:
                                        "converges to it (rolling for TP).")
         p.add_argument("role", choices=[r.value for r in Role])
         p.add_argument("value", type=int, metavar="N")
-        p.add_argument("--wait", action="store_true", help="wait until the pool converges")
-        p.add_argument("--timeout", type=float, default=600.0, help="seconds for --wait")
-        p.add_argument("--dry-run", action="store_true",
-                       help="validate and show what the controller would do; change nothing")
-        _client_flags(p)
-        p.set_defaults(run=run_pool_change, field=field)
+        _pool_change_flags(p, field)
+    p = sub.add_parser(
+        "kv-mode", help="set a pool's KV transfer mode (pull or push)",
+        description="Set how a pool's engines move the KV cache: pull (vLLM's NixlConnector: "
+                    "the decode engine reads the KV once the prefill hop is done) or push "
+                    "(NixlPushConnector: the router sends both hops at once and the prefill "
+                    "engine writes the KV into the decode engine). The controller replaces "
+                    "the pool's instances rolling, draining each old one once its "
+                    "replacement is ready. Refused (nothing changed) on the external "
+                    "backend, and where the installed vLLM has no NixlPushConnector.")
+    p.add_argument("role", choices=[r.value for r in Role])
+    p.add_argument("value", choices=["pull", "push"], metavar="pull|push")
+    _pool_change_flags(p, "kv_mode")
     p = sub.add_parser("route", help="change routing settings",
                        description="Change routing settings, e.g. "
                                    "`pdctl route disagg_min_prompt_tokens=1024 "
@@ -59,6 +66,15 @@ def add_parsers(sub: SubParsers) -> None:
     p.add_argument("settings", nargs="*", metavar="KEY=VALUE")
     _client_flags(p)
     p.set_defaults(run=run_route)
+
+
+def _pool_change_flags(p: argparse.ArgumentParser, field: str) -> None:
+    p.add_argument("--wait", action="store_true", help="wait until the pool converges")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds for --wait")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate and show what the controller would do; change nothing")
+    _client_flags(p)
+    p.set_defaults(run=run_pool_change, field=field)
 
 
 def connect(args: argparse.Namespace) -> PdctlClient:
@@ -92,6 +108,11 @@ def _dump(model: BaseModel) -> str:
     return json.dumps(model.model_dump(mode="json"), indent=2)
 
 
+def _kv_suffix(mode: str | None) -> str:
+    """`` KV push`` for a pool or instance in push mode; nothing for pull, the default."""
+    return f" KV {mode}" if mode == "push" else ""
+
+
 def format_status(c: ClusterPublic) -> str:
     hw = c.hardware
     lines = [f"model {c.model.served_name}  backend {c.backend}  "
@@ -99,8 +120,8 @@ def format_status(c: ClusterPublic) -> str:
              f"used  link {hw.kv_link}"]
     for role, pool in c.pools.items():
         d, a = pool.desired, pool.actual
-        lines.append(f"{role:8} desired {d.size} x TP{d.tp}  ready {a.ready} "
-                     f"starting {a.starting} draining {a.draining}  "
+        lines.append(f"{role:8} desired {d.size} x TP{d.tp}{_kv_suffix(d.kv_mode)}  "
+                     f"ready {a.ready} starting {a.starting} draining {a.draining}  "
                      f"{'converged' if pool.converged else 'converging'}")
     nodes = any(i.node for i in c.instances)  # engines on Ray: say where each runs
     lines.append(f"{'ID':14} {'ROLE':8} {'STATE':9} {'TP':>3} {'INFL':>5} {'RUN':>5} "
@@ -110,7 +131,7 @@ def format_status(c: ClusterPublic) -> str:
         where = f"{i.node or '-':15} " if nodes else ""
         lines.append(f"{i.id:14} {i.role:8} {i.state:9} {i.tp:>3} "
                      f"{load.inflight:>5} {load.running:>5.0f} {load.waiting:>5.0f} "
-                     f"{100 * load.kv_cache_usage:>5.1f}  {where}{i.url}")
+                     f"{100 * load.kv_cache_usage:>5.1f}  {where}{i.url}{_kv_suffix(i.kv_mode)}")
     r = c.routing
     lines.append(f"routing: disaggregate prompts >= {r.disagg_min_prompt_tokens} tokens; "
                  f"prefill {r.prefill_policy}, decode {r.decode_policy}")
@@ -119,11 +140,13 @@ def format_status(c: ClusterPublic) -> str:
 
 def format_plan(plan: PoolPlanPublic) -> str:
     d = plan.desired
-    lines = [f"{plan.role}: would set desired {d.size} x TP{d.tp} (dry run, nothing changed)"]
+    lines = [f"{plan.role}: would set desired {d.size} x TP{d.tp}{_kv_suffix(d.kv_mode)} (dry run, "
+             "nothing changed)"]
     if not plan.actions:
         lines.append("  next step: nothing to do")
     for a in plan.actions:
-        what = f"{a.role} at TP{a.tp}" if a.kind == "start" else str(a.instance_id)
+        what = (f"{a.role} at TP{a.tp}{_kv_suffix(a.kv_mode)}" if a.kind == "start"
+                else str(a.instance_id))
         lines.append(f"  next step: {a.kind} {what}: {a.reason}")
     return "\n".join(lines)
 
@@ -145,7 +168,7 @@ def run_pool_change(args: argparse.Namespace) -> int:
             return 0
         pool = client.set_pool(a.role, **change)
         d = pool.desired
-        print(f"{a.role}: desired {d.size} x TP{d.tp}")
+        print(f"{a.role}: desired {d.size} x TP{d.tp}{_kv_suffix(d.kv_mode)}")
         if not a.wait:
             return 0
         deadline = time.monotonic() + a.timeout
@@ -154,7 +177,7 @@ def run_pool_change(args: argparse.Namespace) -> int:
                 print(f"not converged after {a.timeout:.0f} s", file=sys.stderr)
                 return 1
             act = pool.actual
-            print(f"  ready {act.ready_at_desired_tp}/{d.size} at TP{d.tp}, "
+            print(f"  ready {act.ready_at_desired_tp}/{d.size} at TP{d.tp}{_kv_suffix(d.kv_mode)}, "
                   f"starting {act.starting}, draining {act.draining}", flush=True)
             time.sleep(1.0)
             pool = client.pool(a.role)

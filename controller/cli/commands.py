@@ -1,5 +1,5 @@
 """``pdctl``: the command line. Server verbs (lab, controller, engine-sim) and thin clients of
-the REST API (status, scale, tp, route)."""
+the REST API (status, scale, tp, kv-mode, route)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ examples:
   pdctl status                             pools, instances and load of the running controller
   pdctl scale decode 3 --wait              resize the decode pool and wait until it converges
   pdctl tp decode 4                        rolling TP change of the decode pool
+  pdctl kv-mode prefill push               rolling change to KV push (NixlPushConnector)
   pdctl route disagg_min_prompt_tokens=1024 decode_policy=round_robin
   pdctl profile --backend sim --model llama-3-70b --hardware h100-sxm --tp 4
                                            measure an engine for the SLA planner

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pdctl_api import profiles
-from pdctl_api.schema.cluster import InstanceCount, TensorParallel
+from pdctl_api.schema.cluster import InstanceCount, KvMode, TensorParallel
 from pdctl_api.schema.planner import (
     PlannerIntervalS,
     PlannerItlMs,
@@ -99,6 +99,9 @@ class HardwareSettings(Strict):
 class PoolSettings(Strict):
     size: InstanceCount = 1
     tp: TensorParallel = 1
+    kv_mode: KvMode = Field("pull", description=(
+        "KV transfer: pull (vLLM's NixlConnector) or push (NixlPushConnector); not on the "
+        "external backend"))
     urls: list[str] = Field(default_factory=list, description="external backend only")
     engine_args: dict[str, Any] = Field(default_factory=dict)
 

@@ -52,7 +52,8 @@ def history_rows(poll_s: float) -> int:
 
 class LoadHistory:
     """The last ``rows`` polls of every instance; and each instance's role and TP, for the
-    instances it has seen (an instance replaced mid-window keeps its own rows)."""
+    instances it has seen (an instance replaced mid-window keeps its own rows), and its KV
+    mode (``modes``)."""
 
     def __init__(self, rows: int, wall: Callable[[], float] = time.time) -> None:
         self._rows = rows
@@ -64,6 +65,7 @@ class LoadHistory:
         self._ids: list[str] = []
         self._code: dict[str, int] = {}
         self.seen: dict[str, tuple[Role, int]] = {}  # instance id -> (role, TP)
+        self.modes: dict[str, str] = {}  # instance id -> its KV mode (pull, push)
 
     def record(self, instances: Iterable[Instance], at: float | None = None) -> None:
         """One poll: the load each instance's engine reported (the registry applied it)."""
@@ -74,6 +76,7 @@ class LoadHistory:
                 code = self._code[inst.id] = len(self._ids)
                 self._ids.append(inst.id)
                 self.seen[inst.id] = (inst.role, inst.tp)
+                self.modes[inst.id] = inst.kv_mode
             rows.append((code, inst.running, inst.waiting, inst.kv_usage))
         if not rows:
             return

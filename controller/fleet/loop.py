@@ -61,17 +61,18 @@ class Fleet:
         return self.desired.targets
 
     def set_pool(self, role: Role, size: int | None, tp: int | None, actor: str,
-                 detail: str | None = None) -> PoolTarget:
+                 detail: str | None = None, kv_mode: str | None = None) -> PoolTarget:
         """Validate and apply a desired-state change (``detail``: why, for the audit log);
         raises InvalidChange, changes nothing."""
-        target = self.desired.set(role, size, tp, actor, detail)
+        target = self.desired.set(role, size, tp, actor, detail, kv_mode)
         self._wake.set()
         return target
 
-    def preview_pool(self, role: Role, size: int | None, tp: int | None) -> list[Action]:
+    def preview_pool(self, role: Role, size: int | None, tp: int | None,
+                     kv_mode: str | None = None) -> list[Action]:
         """The actions the next reconcile step would take for ``role`` if the change were
         applied now (a dry run, backoff aside); raises InvalidChange, changes nothing."""
-        inp = self._plan_input(self.desired.check(role, size, tp))
+        inp = self._plan_input(self.desired.check(role, size, tp, kv_mode))
         mine = {i.id for i in inp.instances if i.role is role}
         return [a for a in reconcile(FleetState(inp.targets, inp.instances, inp.capacity, inp.now,
                                           inp.drain_timeout_s))
@@ -99,7 +100,8 @@ class Fleet:
     async def recover(self) -> list[dict[str, Any]]:
         """What the previous controller run left: engines the launcher finds still running
         (Ray's named actors) are adopted when they belong to this state, answer their health
-        check and are still wanted (their pool's TP, within its size); the others are
+        check and are still wanted (their pool's TP and KV mode, within its size); the others
+        are
         stopped. Every other instance it left is recorded as failed. The events, in order."""
         records = self.registry.previous_run()
         left = {str(r.get("id")): r for r in records}
@@ -135,9 +137,11 @@ class Fleet:
             role, tp = Role(rec["role"]), int(rec["tp"])
         except (KeyError, TypeError, ValueError):
             return None, "its record has no role and TP"
+        kv_mode = str(rec.get("kv_mode") or "pull")  # recorded by an older controller: pull
         target = self.desired.targets[role]
-        if tp != target.tp or taken[role] >= target.size:
-            return None, f"not wanted: the {role.value} pool is {target.size} at TP {target.tp}"
+        if tp != target.tp or kv_mode != target.kv_mode or taken[role] >= target.size:
+            return None, (f"not wanted: the {role.value} pool is {target.size} at TP "
+                          f"{target.tp}, KV {target.kv_mode}")
         per_node, nodes, share = self.capacity()
         slots = placement.allocate(set(self.registry.used_slots()), per_node, nodes, tp, share)
         if slots is None:
@@ -145,7 +149,8 @@ class Fleet:
         inst = Instance(iid, role, tp, handle.url, state=InstanceState.READY,
                         created_at=self.clock(), slots=slots, handle=handle, node=handle.node,
                         accelerators=tuple(placement.physical(s, per_node, share)
-                                           for s in slots))
+                                           for s in slots),
+                        kv_mode=kv_mode, kv_peer=handle.kv_peer)
         if (await self.observer.probe([inst]))[0] is not Probe.OK:
             return None, "it did not answer its health check"
         return inst, ""
@@ -231,7 +236,7 @@ class Fleet:
     def _plan_input(self, targets: dict[Role, PoolTarget]) -> FleetState:
         observed = tuple(
             Member(i.id, i.role, i.tp, i.state, self.table.inflight(i.id), i.created_at,
-                     i.drain_started_at)
+                     i.drain_started_at, i.kv_mode)
             for i in self.registry.live())
         capacity = Capacity(*self.capacity(), self.registry.used_slots())
         return FleetState(targets, observed, capacity, self.clock(),
@@ -264,10 +269,11 @@ class Fleet:
         iid = self._next_id(action.role)
         log_path = (self.settings.controller.state_dir / "logs" / f"{iid}.log").resolve()
         inst = Instance(iid, action.role, action.tp, "", created_at=self.clock(),
-                        accelerators=accel, slots=action.slots)
+                        accelerators=accel, slots=action.slots, kv_mode=action.kv_mode)
         self.registry.add(inst, action.reason)
         task = asyncio.get_running_loop().create_task(
-            self._launch(inst, LaunchSpec(iid, action.role, action.tp, accel, log_path)))
+            self._launch(inst, LaunchSpec(iid, action.role, action.tp, accel, log_path,
+                                          action.kv_mode)))
         self._launching[iid] = task
         task.add_done_callback(lambda _: self._launching.pop(iid, None))
         await asyncio.sleep(0)  # a local launch completes here, within this tick
@@ -340,9 +346,10 @@ class Fleet:
         target = self.desired.targets[role]
         mine = [i for i in self.registry if i.role is role]
         counts = {s: sum(1 for i in mine if i.state is s) for s in InstanceState}
-        at_tp = sum(1 for i in mine if i.state.routable and i.tp == target.tp)
-        others = sum(1 for i in mine
-                     if not i.state.terminal and not (i.state.routable and i.tp == target.tp))
+        wanted = [i for i in mine if i.state.routable and i.tp == target.tp
+                  and i.kv_mode == target.kv_mode]
+        at_tp = len(wanted)
+        others = sum(1 for i in mine if not i.state.terminal and i not in wanted)
         now = self.clock()
         q = self.guard.active(role, now)
         return {

@@ -15,7 +15,7 @@ import httpx
 
 from controller.launchers.base import Launched, Launcher
 from controller.models import Instance
-from controller.vllm_metrics import sum_series
+from controller.vllm_metrics import sum_labelled, sum_series
 
 LOAD_SERIES = {
     "vllm:num_requests_running": "running",
@@ -28,6 +28,7 @@ LOAD_SERIES = {
     "vllm:nixl_num_notifications_after_expiry_total": "kv_after_expiry",
     "vllm:nixl_num_failed_transfers_total": "nixl_failed",
 }
+PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 METRICS_TIMEOUT_S = 2.0
 OVERLOAD_MIN = 2  # timeouts in one sweep before "all timed out" reads as controller overload
 
@@ -45,6 +46,9 @@ class EngineLoad:
     kv_expired: float = 0.0  # cumulative, vllm:nixl_num_kv_expired_reqs (prefill side)
     kv_after_expiry: float = 0.0  # cumulative, vllm:nixl_num_notifications_after_expiry
     nixl_failed: float = 0.0  # cumulative, vllm:nixl_num_failed_transfers (decode side)
+    # cumulative, vllm:prompt_tokens_by_source{source="local_compute"}: prompt tokens the
+    # engine computed itself (None: it does not say)
+    local_compute: float | None = None
 
     @classmethod
     def parse(cls, text: str) -> EngineLoad:
@@ -53,7 +57,11 @@ class EngineLoad:
 
 def parse_load(text: str) -> dict[str, float]:
     """Sum the load and NIXL series of a vLLM /metrics page, by ``EngineLoad`` field."""
-    return {LOAD_SERIES[name]: v for name, v in sum_series(text, LOAD_SERIES).items()}
+    out = {LOAD_SERIES[name]: v for name, v in sum_series(text, LOAD_SERIES).items()}
+    local = sum_labelled(text, PROMPT_TOKENS_BY_SOURCE, "source", "local_compute")
+    if local is not None:
+        out["local_compute"] = local
+    return out
 
 
 class Probe(enum.Enum):

@@ -4,9 +4,10 @@
 runs (its placement slots) and whether a pool may start one at all (its backoff) -- and the
 fleet loop (``controller.fleet.loop``) only carries the actions out.
 
-A TP change is a rolling replace with a surge of one: a new instance at the new TP starts,
-and only once it is ready does an old one drain, so serving capacity never drops below the
-desired size (when the accelerators for one extra instance are not free, an old instance
+A TP change, or a KV mode change (pull <-> push), is a rolling replace with a surge of one: a
+new instance at the new TP and mode starts, and only once it is ready does an old one drain,
+so serving capacity never drops below the desired size (both modes serve side by side
+meanwhile) (when the accelerators for one extra instance are not free, an old instance
 drains first and the dip is stated in the reason). Draining instances stop once their in-
 flight requests finish or the drain timeout passes.
 """
@@ -31,6 +32,7 @@ class Member:
     inflight: int = 0
     created_at: float = 0.0
     drain_started_at: float | None = None
+    kv_mode: str = "pull"
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class Start:
     tp: int
     reason: str
     slots: tuple[int, ...] = ()  # placement slots, chosen by the plan (``placement.allocate``)
+    kv_mode: str = "pull"
 
 
 @dataclass(frozen=True)
@@ -116,14 +119,39 @@ def _drain_order(items: list[Member]) -> list[Member]:
     return sorted(items, key=lambda i: (i.inflight, -i.created_at, i.id))
 
 
+def matches(i: Member, target: PoolTarget) -> bool:
+    """The instance is what its pool wants: the pool's TP and KV mode."""
+    return i.tp == target.tp and i.kv_mode == target.kv_mode
+
+
+def change(i: Member, target: PoolTarget) -> str:
+    """What replacing ``i`` changes: ``TP 2 -> 4``, ``KV pull -> push``, or both."""
+    parts = []
+    if i.tp != target.tp:
+        parts.append(f"TP {i.tp} -> {target.tp}")
+    if i.kv_mode != target.kv_mode:
+        parts.append(f"KV {i.kv_mode} -> {target.kv_mode}")
+    return ", ".join(parts)
+
+
+def _replacement(stale: list[Member], target: PoolTarget) -> str:
+    """What a new instance replaces the stale ones with: ``TP 4``, ``KV push``, or both."""
+    parts = []
+    if any(i.tp != target.tp for i in stale):
+        parts.append(f"TP {target.tp}")
+    if any(i.kv_mode != target.kv_mode for i in stale):
+        parts.append(f"KV {target.kv_mode}")
+    return ", ".join(parts)
+
+
 def _plan_pool(role: Role, target: PoolTarget, mine: list[Member], cap: Capacity,
                used: set[int], may_start: bool) -> list[Action]:
     """One pool's actions; the slots of the instances it starts are added to ``used``."""
     live = [i for i in mine if i.state in (InstanceState.STARTING, InstanceState.READY)]
-    match = [i for i in live if i.tp == target.tp]
-    stale = [i for i in live if i.tp != target.tp]
+    match = [i for i in live if matches(i, target)]
+    stale = [i for i in live if not matches(i, target)]
     actions: list[Action] = [
-        Stop(i.id, f"TP {i.tp} -> {target.tp}: replaced before it was ready")
+        Stop(i.id, f"{change(i, target)}: replaced before it was ready")
         for i in _by_state(stale, InstanceState.STARTING)
     ]
     stale_ready = _by_state(stale, InstanceState.READY)
@@ -136,13 +164,13 @@ def _plan_pool(role: Role, target: PoolTarget, mine: list[Member], cap: Capacity
             actions.append(Stop(i.id, f"scale {role.value} down to {target.size}"))
         for i in _drain_order(match_ready)[: max(0, excess - len(starting))]:
             actions.append(Drain(i.id, f"scale {role.value} down to {target.size}"))
-        actions += [Drain(i.id, f"TP {i.tp} -> {target.tp}") for i in stale_ready]
+        actions += [Drain(i.id, change(i, target)) for i in stale_ready]
         return actions
 
-    # Old-TP instances keep serving until enough new ones are ready.
+    # Old-TP (or old-mode) instances keep serving until enough new ones are ready.
     n_drain = max(0, len(match_ready) + len(stale_ready) - target.size)
     to_drain = _drain_order(stale_ready)[:n_drain]
-    actions += [Drain(i.id, f"TP {i.tp} -> {target.tp}: replacement ready") for i in to_drain]
+    actions += [Drain(i.id, f"{change(i, target)}: replacement ready") for i in to_drain]
 
     surge = 1 if stale_ready else 0
     room = target.size + surge - (len(match) + len(stale_ready))
@@ -154,10 +182,12 @@ def _plan_pool(role: Role, target: PoolTarget, mine: list[Member], cap: Capacity
                 i.state is InstanceState.DRAINING for i in mine
             ):
                 victim = _drain_order(stale_ready)[0]
-                actions.append(Drain(victim.id, f"TP {victim.tp} -> {target.tp}: no spare "
+                actions.append(Drain(victim.id, f"{change(victim, target)}: no spare "
                                      "accelerators for a surge instance, draining first"))
             break
         used.update(slots)
-        why = f"TP {target.tp} replacement" if stale_ready else f"{role.value} pool below size"
-        actions.append(Start(role, target.tp, f"{why} ({len(match)}/{target.size})", slots))
+        why = (f"{_replacement(stale_ready, target)} replacement" if stale_ready
+               else f"{role.value} pool below size")
+        actions.append(Start(role, target.tp, f"{why} ({len(match)}/{target.size})", slots,
+                             target.kv_mode))
     return actions

@@ -80,13 +80,14 @@ class Registry:
         """A new instance, before its launcher has started it (it holds its slots)."""
         self._instances[inst.id] = inst
         self.store.record(actor, "instance.starting", inst.id, None,
-                          {"role": inst.role.value, "tp": inst.tp,
+                          {"role": inst.role.value, "tp": inst.tp, "kv_mode": inst.kv_mode,
                            "accelerators": list(inst.accelerators)}, reason)
         self._remember_live()
 
     def launched(self, inst: Instance, handle: Launched) -> None:
-        """Its launcher started it: where it serves, and on which node."""
+        """Its launcher started it: where it serves, on which node, and its NIXL identity."""
         inst.handle, inst.url, inst.node = handle, handle.url, handle.node
+        inst.kv_peer = handle.kv_peer
         if self.kv is not None:
             self.kv.watch(inst.id, handle.kv_events)
         where = f" on node {handle.node}" if handle.node else ""
@@ -102,8 +103,8 @@ class Registry:
         if self.kv is not None and isinstance(inst.handle, Launched):
             self.kv.watch(inst.id, inst.handle.kv_events)
         self.store.record("controller", "instance.adopted", inst.id, None,
-                          {"role": inst.role.value, "tp": inst.tp, "url": inst.url,
-                           "node": inst.node}, detail)
+                          {"role": inst.role.value, "tp": inst.tp, "kv_mode": inst.kv_mode,
+                           "url": inst.url, "node": inst.node}, detail)
         log.info("%s adopted (%s)", inst.id, detail)
         self._refresh(inst.role)
         self._remember_live()
@@ -126,13 +127,14 @@ class Registry:
         """Persist the instances not yet stopped or failed, so that a controller that ends
         without stopping them (SIGKILL, a crash) has them accounted for at its next start."""
         self.store.put(LIVE_KEY, [
-            {"id": i.id, "role": i.role.value, "tp": i.tp, "state": i.state.value,
-             "url": i.url, "pid": i.pid, "node": i.node}
+            {"id": i.id, "role": i.role.value, "tp": i.tp, "kv_mode": i.kv_mode,
+             "state": i.state.value, "url": i.url, "pid": i.pid, "node": i.node}
             for i in self._instances.values() if not i.state.terminal])
 
     def previous_run(self) -> list[dict[str, Any]]:
         """The instances the previous controller run left live (it ended without stopping
-        them): ``id``, ``role``, ``state``, ``url``, ``pid``."""
+        them): ``id``, ``role``, ``tp``, ``kv_mode`` (absent from an older controller's:
+        pull), ``state``, ``url``, ``pid``."""
         left = self.store.get(LIVE_KEY) or []
         return [r for r in left if isinstance(r, dict)] if isinstance(left, list) else []
 
@@ -223,6 +225,7 @@ class Registry:
         inst.nixl_bytes = load.nixl_bytes
         inst.kv_expired, inst.kv_after_expiry = load.kv_expired, load.kv_after_expiry
         inst.nixl_failed = load.nixl_failed
+        inst.local_compute = load.local_compute
 
     def _refresh(self, role: Role) -> None:
         members = sorted((i for i in self._instances.values()

@@ -27,6 +27,7 @@ class LaunchSpec:
     tp: int
     accelerators: tuple[int, ...]
     log_path: Path
+    kv_mode: str = "pull"  # "pull": NixlConnector, "push": NixlPushConnector
 
 
 @dataclass
@@ -37,6 +38,9 @@ class Launched:
     # Where the controller subscribes to the engine's KV events: (publisher, replay)
     # endpoints; None when the engine publishes none (attached external engines).
     kv_events: tuple[str, str] | None = None
+    # The engine's NIXL identity, which a push-mode decode hop names (``EngineKind.kv_peer``):
+    # {"engine_id", "host", "port", "tp_size"}; None where unknown (attached external engines).
+    kv_peer: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,13 @@ class EngineKind(abc.ABC):
         ``host:side_port`` where it has one); ``devices``: the accelerators it may use where
         the placer chose them (Ray's GPU ids), else None (``spec.accelerators``);
         ``events``: where it publishes its KV events (None: it publishes none)."""
+
+    def kv_peer(self, spec: LaunchSpec, host: str, port: int, side_port: int
+                ) -> dict[str, Any] | None:
+        """The NIXL identity of the engine ``command`` starts on ``host`` (HTTP ``port``,
+        side channel ``side_port``), as a push-mode decode hop names its prefill engine:
+        ``{"engine_id", "host", "port", "tp_size"}``; None where the kind has none."""
+        return None
 
 
 class Launcher(abc.ABC):

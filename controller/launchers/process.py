@@ -136,7 +136,8 @@ class ProcessLauncher(Launcher):
         return Launched(url=f"http://127.0.0.1:{port}",
                         handle={"proc": proc, "log": spec.log_path, "pid": proc.pid,
                                 "side_channel_port": side},
-                        kv_events=events.endpoints("127.0.0.1"))
+                        kv_events=events.endpoints("127.0.0.1"),
+                        kv_peer=self.engine.kv_peer(spec, "127.0.0.1", port, side))
 
     def _track(self, proc: subprocess.Popen[bytes]) -> None:
         self._procs[proc.pid] = proc

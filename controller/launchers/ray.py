@@ -220,7 +220,7 @@ class RayLauncher(Launcher):
         self._handles[spec.instance_id] = handle
         log.info("%s on Ray node %s: %s", spec.instance_id, info["node_ip"], info["url"])
         return Launched(url=info["url"], handle=handle, node=info["node_ip"],
-                        kv_events=_kv_events(info))
+                        kv_events=_kv_events(info), kv_peer=_kv_peer(info))
 
     async def stop(self, launched: Launched, grace_s: float = 5.0) -> None:
         h: RayHandle = launched.handle
@@ -310,7 +310,8 @@ class RayLauncher(Launcher):
             handle = RayHandle(actor, pg, info, exit_code=info.get("exit_code"))
             self._handles[name] = handle
             found[name] = Launched(url=info.get("url", ""), handle=handle,
-                                   node=info.get("node_ip"), kv_events=_kv_events(info))
+                                   node=info.get("node_ip"), kv_events=_kv_events(info),
+                                   kv_peer=_kv_peer(info))
         for pg_info in (await asyncio.to_thread(placement_group_table)).values():
             name = str(pg_info.get("name") or "")
             if not INSTANCE_ID.fullmatch(name) or name in found \
@@ -345,3 +346,9 @@ def _kv_events(info: dict[str, Any]) -> tuple[str, str] | None:
     """The KV-event endpoints an engine host reported (an older one reports none)."""
     ends = info.get("kv_events")
     return (str(ends[0]), str(ends[1])) if isinstance(ends, list) and len(ends) == 2 else None
+
+
+def _kv_peer(info: dict[str, Any]) -> dict[str, Any] | None:
+    """The engine's NIXL identity an engine host reported (an older one reports none)."""
+    peer = info.get("kv_peer")
+    return dict(peer) if isinstance(peer, dict) else None

@@ -47,6 +47,7 @@ class EngineHost:
             "url": f"http://{host}:{port}", "node_ip": host, "node_id": ctx.get_node_id(),
             "pid": self.proc.pid, "side_channel": f"{host}:{side}",
             "kv_events": list(events.endpoints(host)),
+            "kv_mode": spec.kv_mode, "kv_peer": engine.kv_peer(spec, host, port, side),
             "devices": devices or [], "log": str(spec.log_path),
             "actor_pid": os.getpid()}
         return self.describe()

@@ -131,7 +131,8 @@ class SimHostLauncher(Launcher):
         return Launched(url=resp.json()["url"],
                         handle={"host": host, "engine_id": spec.instance_id,
                                 "log": spec.log_path},
-                        kv_events=events.endpoints("127.0.0.1"))
+                        kv_events=events.endpoints("127.0.0.1"),
+                        kv_peer=self.engine.kv_peer(spec, "127.0.0.1", port, port))
 
     async def stop(self, launched: Launched, grace_s: float = 5.0) -> None:
         host: _Host = launched.handle["host"]

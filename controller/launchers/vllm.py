@@ -1,18 +1,23 @@
-"""Real vLLM OpenAI servers as local processes, KV cache over NIXL (NixlConnector).
+"""Real vLLM OpenAI servers as local processes, KV cache over NIXL (NixlConnector, or
+NixlPushConnector for a pool in KV push mode).
 
 One server per instance with its own HTTP port and NIXL side-channel port. Prefill instances
-are ``kv_producer``s, decode instances ``kv_consumer``s. On a CPU host (``hardware`` is a
-``cpu-*`` profile) each instance is pinned to the cores it was placed on
-(``VLLM_CPU_OMP_THREADS_BIND``, one core per TP rank) with ``vllm.cpu_kv_cache_gib`` of KV
-cache; when ``hardware.share`` lets instances outnumber cores, the extra instances are pinned
-to cores that already run one -- correct, but every instance on a shared core is slowed. On a
-GPU host the placed GPUs are given through ``CUDA_VISIBLE_DEVICES``.
+are ``kv_producer``s, decode instances ``kv_consumer``s; each one's NIXL engine id is its
+instance id (``Launched.kv_peer`` names it with its side channel, for push-mode decode
+hops). On a CPU host (``hardware`` is a ``cpu-*`` profile) each instance is pinned to the
+cores it was placed on (``VLLM_CPU_OMP_THREADS_BIND``, one core per TP rank) with
+``vllm.cpu_kv_cache_gib`` of KV cache; when ``hardware.share`` lets instances outnumber
+cores, the extra instances are pinned to cores that already run one -- correct, but every
+instance on a shared core is slowed. On a GPU host the placed GPUs are given through
+``CUDA_VISIBLE_DEVICES``.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,14 +30,75 @@ from controller.models import Role
 from controller.sizing.cpu_features import CPU_NIXL_EXTRA
 
 KV_ROLE = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
+KV_CONNECTOR = {"pull": "NixlConnector", "push": "NixlPushConnector"}
+NIXL_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
+
+# The hook for vLLM's CPU build: None lets a pool take KV push on CPU hardware
+# (``hardware.is_cpu``) like on GPUs; a string refuses it there, with that string as the
+# reason (set once a real-lab test has shown whether push works on the CPU build).
+PUSH_ON_CPU_REFUSAL: str | None = None
+
+PUSH_CHECK_TIMEOUT_S = 30.0  # locating vLLM and reading its source: well under a second
+_push_checked: dict[str, str | None] = {}  # interpreter -> why it has no push (None: it has)
+_push_lock = threading.Lock()
 
 
 ENTRY = Path(__file__).with_name("vllm_entry.py")
 
 
-def kv_transfer_config(role: Role, settings: Settings) -> dict[str, Any]:
+def push_refusal(settings: Settings) -> str | None:
+    """Why vLLM engines cannot run KV push here, or None: refused on CPU hardware while
+    ``PUSH_ON_CPU_REFUSAL`` says so, and where the installed vLLM has no NixlPushConnector."""
+    if settings.hardware.is_cpu and PUSH_ON_CPU_REFUSAL is not None:
+        return PUSH_ON_CPU_REFUSAL
+    return installed_push_refusal(settings.vllm.python or sys.executable)
+
+
+def installed_push_refusal(python: str) -> str | None:
+    """Whether the vLLM of interpreter ``python`` ships NixlPushConnector in its NIXL
+    connector package (``NIXL_MODULE``): None, or why not. Checked once per interpreter, in a
+    child process that locates the package without importing it (importing vLLM takes many
+    seconds on a loaded CPU host) and reads its source; a check that could not run is not
+    remembered."""
+    with _push_lock:
+        if python in _push_checked:
+            return _push_checked[python]
+        rel = NIXL_MODULE.split(".", 1)[1].replace(".", "/")
+        code = ("import importlib.util, pathlib\n"
+                "spec = importlib.util.find_spec('vllm')\n"
+                "if spec is None or not spec.submodule_search_locations:\n"
+                "    print('NOVLLM')\n"
+                "else:\n"
+                f"    d = pathlib.Path(list(spec.submodule_search_locations)[0]) / {rel!r}\n"
+                "    text = ''.join(p.read_text(errors='replace') for p in d.glob('*.py'))\n"
+                "    print('PUSH', 'class NixlPushConnector' in text)")
+        try:
+            done = subprocess.run([python, "-c", code], capture_output=True, text=True,
+                                  timeout=PUSH_CHECK_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"could not check the installed vLLM for NixlPushConnector ({exc})"
+        if "PUSH True" in done.stdout:
+            why = None
+        elif "PUSH False" in done.stdout:
+            why = (f"the installed vLLM ({python}) has no NixlPushConnector in {NIXL_MODULE} "
+                   "(vLLM 0.32 or later has it)")
+        elif "NOVLLM" in done.stdout:
+            why = f"no vLLM is installed for {python}"
+        else:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            why = f"the installed vLLM ({python}) has no {NIXL_MODULE}: {last}"
+        _push_checked[python] = why
+        return why
+
+
+def kv_transfer_config(role: Role, settings: Settings, kv_mode: str = "pull",
+                       engine_id: str | None = None) -> dict[str, Any]:
+    """vLLM's ``--kv-transfer-config`` for one instance: NixlConnector (``pull``) or
+    NixlPushConnector (``push``), with ``engine_id`` (its instance id: a restarted instance
+    gets a new id, hence a new NIXL identity) where given."""
     return {
-        "kv_connector": "NixlConnector",
+        "kv_connector": KV_CONNECTOR[kv_mode],
+        **({"engine_id": engine_id} if engine_id is not None else {}),
         "kv_role": KV_ROLE[role],
         "kv_buffer_device": "cpu" if settings.hardware.is_cpu else "cuda",
         "kv_load_failure_policy": settings.vllm.kv_load_failure_policy,
@@ -59,7 +125,7 @@ def engine_flags(engine_args: dict[str, Any]) -> list[str]:
 
 
 class VllmEngineKind(EngineKind):
-    """vLLM's OpenAI server with NixlConnector, for one instance."""
+    """vLLM's OpenAI server with NixlConnector (or NixlPushConnector), for one instance."""
 
     name = "vllm"
 
@@ -81,7 +147,8 @@ class VllmEngineKind(EngineKind):
             "--block-size", str(s.kv_block_size),
             "--enable-per-request-metrics",
             "--disable-uvicorn-access-log",
-            "--kv-transfer-config", json.dumps(kv_transfer_config(spec.role, s)),
+            "--kv-transfer-config", json.dumps(kv_transfer_config(
+                spec.role, s, spec.kv_mode, spec.instance_id)),
         ]
         if s.engine_dtype:
             args += ["--dtype", s.engine_dtype]
@@ -122,6 +189,12 @@ class VllmEngineKind(EngineKind):
                 ) -> Command:
         argv = self.argv(spec, port, host) + (events.flags() if events else [])
         return Command(argv, self.env(spec, side_port, host, devices), self._s.engine_nice)
+
+    def kv_peer(self, spec: LaunchSpec, host: str, port: int, side_port: int
+                ) -> dict[str, Any] | None:
+        """Its NIXL identity: the engine id (the instance id) and its side channel."""
+        return {"engine_id": spec.instance_id, "host": host, "port": side_port,
+                "tp_size": spec.tp}
 
 
 class VllmLauncher(ProcessLauncher):

@@ -16,6 +16,18 @@ NULL_KV_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False,
                   "remote_host": None, "remote_port": None}
 
 
+def push_params(peer: dict[str, Any], endpoint: str, rid: str) -> dict[str, Any]:
+    """A push-mode decode hop's ``kv_transfer_params``: the prefill engine's NIXL identity
+    (``Instance.kv_peer``), to which the decode engine registers the blocks it reserves, and
+    the prefill's request id as vLLM forms it from the shared ``X-Request-Id`` (one prompt:
+    ``cmpl-<id>-0``, ``chatcmpl-<id>``); the prefill's blocks are not known yet."""
+    remote = f"chatcmpl-{rid}" if endpoint.endswith("/chat/completions") else f"cmpl-{rid}-0"
+    return {"do_remote_prefill": True, "do_remote_decode": False,
+            "remote_engine_id": peer["engine_id"], "remote_host": peer["host"],
+            "remote_port": peer["port"], "tp_size": peer.get("tp_size", 1),
+            "remote_request_id": remote, "remote_block_ids": []}
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)

@@ -105,6 +105,8 @@ class Hops:
             resp.close()
             raise
         ctx.first_at = time.perf_counter()
+        if ctx.decode_lease is not None:
+            ctx.decode_lease.queue(0)  # its prompt is computed: no longer queued work there
         return Prefetched(resp, first, chunks)
 
     def _failed(self, ctx: Ctx, inst: Instance, message: str, reached: bool,

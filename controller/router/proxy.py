@@ -5,12 +5,16 @@
 ends -- however it ends -- the request is recorded exactly once and every in-flight count it
 took is released. The ASGI layer (``controller.api.data``) only moves bytes.
 
-The disaggregated flow is the one vLLM's NixlConnector expects: the prefill instance gets the
-request with ``max_tokens=1``, ``stream=false`` and ``kv_transfer_params.do_remote_decode``;
-its answer's ``kv_transfer_params`` (a *KV handle*: the prefill's blocks, held for a lease) go,
-with the original request, to a decode instance, which pulls the KV and generates. Prompts
-shorter than ``disagg_min_prompt_tokens`` -- or any request when no prefill instance is ready
-or the prefill hop fails -- take the colocated path: the decode instance prefills itself.
+The disaggregated flow in pull mode (``controller.router.pull``) is the one vLLM's
+NixlConnector expects: the prefill instance gets the request with ``max_tokens=1``,
+``stream=false`` and ``kv_transfer_params.do_remote_decode``; its answer's
+``kv_transfer_params`` (a *KV handle*: the prefill's blocks, held for a lease) go, with the
+original request, to a decode instance, which pulls the KV and generates. In push mode
+(``controller.router.push``, both instances run NixlPushConnector) both hops go at once. The
+hand-off decision (``controller.router.handoff``, ``routing.disagg_policy``) says which
+requests take the colocated path instead -- and any request does when no prefill instance of
+the decode instance's KV mode is ready or the prefill hop fails: the decode instance prefills
+itself.
 
 The rules that keep vLLM's KV contract (docs/routing-and-accounting.md):
 
@@ -37,7 +41,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from functools import partial
 from typing import Any
 
 import orjson
@@ -53,22 +56,25 @@ from controller.errors import (
 from controller.metrics import Metrics
 from controller.models import Instance, RequestPath, RequestRecord, Role
 from controller.requests_log import RequestLog
-from controller.router.accounting import EngineTimes, KvCosts, Measured, account, cached_tokens
+from controller.router import handoff
+from controller.router.accounting import KvCosts, Measured, account
 from controller.router.answer import Answer, internal_error
 from controller.router.bodies import (
     client_answer,
     decode_body,
     parse_body,
-    prefill_answer,
-    prefill_body,
 )
+from controller.router.handoff_rates import HandoffRates, handoff_prior, slo_inputs
+from controller.router.hop_base import HopWatch
 from controller.router.hops import AttemptFailed, Hops
 from controller.router.policies import PromptBlocks
+from controller.router.pull import PullHandoff
+from controller.router.push import PUSH, PushHandoff
 from controller.router.release import KvRelease
-from controller.router.request import Ctx, PrefillDone, new_request_id
+from controller.router.request import Ctx, new_request_id
 from controller.router.serving import Serving
 from controller.router.table import Lease, RoutingTable
-from controller.router.upstream import Stream, Upstream, UpstreamError, UpstreamReply
+from controller.router.upstream import Stream, Upstream, UpstreamError
 from controller.router.validate import Limits, check
 from controller.tokens import TokenCounter
 from pdctl_api import profiles
@@ -77,9 +83,13 @@ log = logging.getLogger("pdctl.router")
 
 RETRY_PAUSE_S = 0.5  # times the attempt number, before retrying decode instances that failed
 MAX_REACHED_FAILURES = 2  # failed attempts per request that may have reached an engine
+# The most prompt tokens one engine step computes when the decode pool's engine arguments do
+# not say (vLLM's max_num_batched_tokens for its OpenAI server): a local prefill stalls the
+# decode instance's running streams for about one such chunk per step.
+DEFAULT_CHUNK_TOKENS = 8192
 
 
-class Proxy:
+class Proxy(PullHandoff, PushHandoff):
     def __init__(self, settings: Settings, table: RoutingTable, upstream: Upstream,
                  counter: TokenCounter, requests: RequestLog, metrics: Metrics,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -100,6 +110,15 @@ class Proxy:
         # finished requests understate it while a queue grows).
         self.arrived = 0
         self.arrived_prompt_tokens = 0
+        # The hand-off decision's view of the fleet's speed, and the live service targets
+        # (TTFT p95, gap p99 in ms; the app wires the operator's).
+        self.rates = HandoffRates(handoff_prior(settings))
+        self.targets: Callable[[], tuple[float, float]] = lambda: (
+            settings.targets.ttft_p95_ms, settings.targets.gap_p99_ms)
+        self._chunk_tokens = int(settings.pools.decode.engine_args.get(
+            "max_num_batched_tokens", DEFAULT_CHUNK_TOKENS))
+        self._router_queue_tokens = 0  # prompt tokens waiting for a prefill slot
+        self.fallback: HopWatch | None = None  # the silent-fallback watch, when wired
 
     # ---- entry -----------------------------------------------------------------------
 
@@ -183,40 +202,69 @@ class Proxy:
         return Answer(resp.status, resp.content_type, content)
 
     async def open(self, ctx: Ctx) -> Stream:
-        """Choose the decode instance, run the prefill hop (disaggregated path) and open the
-        decode hop: a live stream (streaming, status 200) or the whole answer."""
+        """Choose the decode instance, decide the hand-off (``routing.disagg_policy``), run
+        the prefill hop (disaggregated) and open the decode hop: a live stream (streaming,
+        status 200) or the whole answer."""
         settings = self.table.settings
-        disagg = ctx.prompt_tokens >= settings.disagg_min_prompt_tokens \
-            and bool(self.table.ready(Role.PREFILL))
+        by_slo = settings.disagg_policy == "slo"
+        disagg = False
         slot: Lease | None = None
-        if disagg and settings.prefill_max_inflight:
-            slot = await self._prefill_slot(ctx)
-            disagg = slot is not None
+        if not by_slo:
+            ctx.decision = handoff.by_threshold(ctx.prompt_tokens,
+                                                settings.disagg_min_prompt_tokens,
+                                                bool(self.table.ready(Role.PREFILL)))
+            disagg = ctx.decision.disaggregated
+            if disagg and settings.prefill_max_inflight:
+                slot = await self._prefill_slot(ctx)
+                disagg = slot is not None
         try:
             first = self.table.pick(Role.DECODE, set(), ctx.blocks)
             if first is None:
                 raise self._no_decode()
             self._assign_decode(ctx, first)
+            if by_slo:
+                ctx.decision = self._decide(ctx, first)
+                disagg = ctx.decision.disaggregated
+                if disagg and settings.prefill_max_inflight:
+                    slot = await self._prefill_slot(ctx)
+                    disagg = slot is not None
+            assert ctx.decision is not None
+            self.metrics.handoff.labels(settings.disagg_policy, ctx.decision.name).inc()
             if disagg:
                 ctx.path = RequestPath.DISAGGREGATED  # also when cancelled during the hop
+                if ctx.decode_lease is not None:
+                    ctx.decode_lease.queue(0)  # the prefill pool computes it, not decode
                 taken, slot = slot, None  # the prefill hop owns the slot now
-                done = await self._prefill(ctx, taken)
-                if done is not None:
-                    resp = await self._decode_with_kv(ctx, done)
-                    if resp is not None:
-                        return resp
+                if first.kv_mode == PUSH:
+                    resp = await self._push(ctx, taken)
+                else:
+                    done = await self._prefill(ctx, taken)
+                    resp = None if done is None else await self._decode_with_kv(ctx, done)
+                if resp is not None:
+                    return resp
                 ctx.path = RequestPath.COLOCATED
             return await self._colocated(ctx)
         finally:
             if slot is not None:
                 slot.release()
 
+    def _decide(self, ctx: Ctx, decode: Instance) -> handoff.HandoffDecision:
+        """The ``slo`` hand-off decision for ``ctx`` now that ``decode`` is chosen."""
+        ttft_target, gap_target = self.targets()
+        return handoff.by_slo(slo_inputs(
+            self.table, ctx, decode, self.rates, self._router_queue_tokens,
+            self._chunk_tokens, ttft_target, gap_target))
+
     async def _prefill_slot(self, ctx: Ctx) -> Lease | None:
         """Wait in the router's prefill queue; None: served colocated (waited too long, or
         no prefill instance is ready)."""
         t = time.perf_counter()
         timeout = self.table.settings.prefill_queue_timeout_s
-        slot = await self.table.prefill_slot(timeout, ctx.blocks)
+        self._router_queue_tokens += ctx.prompt_tokens
+        try:
+            slot = await self.table.prefill_slot(timeout, ctx.blocks)
+        finally:
+            self._router_queue_tokens -= ctx.prompt_tokens
         ctx.router_queue_ms = (time.perf_counter() - t) * 1e3
         if slot is None:
             log.warning("%s: no prefill slot within %.1f s (routing.prefill_max_inflight %d); "
@@ -246,121 +294,14 @@ class Proxy:
 
     def _cached(self, ctx: Ctx, lease: Lease) -> int | None:
         """The prompt tokens the lease's instance holds by the index (None: no blocks were
-        computed), counting the rest as work queued there."""
+        computed), counting the rest as work queued there (until its first token)."""
         if ctx.blocks is None:
+            lease.queue(ctx.prompt_tokens)
             return None
         cached = self.table.cached(lease.instance.id, ctx.blocks)
         lease.queue(ctx.prompt_tokens - cached)
         self.table.expect_blocks(lease.instance, ctx.blocks, cached)
         return cached
-
-    async def _prefill(self, ctx: Ctx, slot: Lease | None = None) -> PrefillDone | None:
-        """The prefill hop, tried on up to ``max_attempts`` instances; the first on ``slot``'s
-        instance when the router's queue granted one (the hop owns and ends that lease)."""
-        payload = orjson.dumps(prefill_body(ctx.body))
-        tried: set[str] = set()
-        for _ in range(self.table.settings.max_attempts):
-            lease, slot = slot, None
-            inst = (lease.instance if lease is not None
-                    else self.table.pick(Role.PREFILL, tried, ctx.blocks))
-            if inst is None:
-                break
-            tried.add(inst.id)
-            sent = self._hops.sending(ctx)
-            reply = await self._prefill_hop(ctx, inst, payload, lease)
-            if reply is None:
-                continue
-            data = prefill_answer(reply)
-            if data is None:
-                ctx.errors.append(f"prefill {inst.id} answered {reply.status}"
-                                  + ("" if reply.status != 200 else " with no kv_transfer_params"))
-                ctx.retries += 1
-                continue
-            ctx.prefill = inst
-            ctx.prefill_cached = cached_tokens(data.get("usage"))
-            ctx.prefill_times = EngineTimes.parse(data.get("metrics"))
-            ctx.prefill_wall_ms = (time.perf_counter() - sent) * 1e3
-            return PrefillDone(inst, data["kv_transfer_params"], self.clock())
-        log.warning("%s: prefill hop failed (%s); serving colocated", ctx.rid,
-                    "; ".join(ctx.errors) or "no prefill instance")
-        return None
-
-    async def _prefill_hop(self, ctx: Ctx, inst: Instance, payload: bytes,
-                           lease: Lease | None = None) -> UpstreamReply | None:
-        """POST the prefill hop, counted in ``inst``'s in-flight requests (``lease``, or a new
-        one). If the client leaves meanwhile, the hop is left to finish and whatever KV it
-        holds is released: aborting it instead would race with its end, and an answer lost
-        in that race leaves its blocks held for the whole lease."""
-        lease = lease if lease is not None else self.table.lease(inst)
-        ctx.cached_predicted = self._cached(ctx, lease)
-        hop = asyncio.ensure_future(
-            self.upstream.post(f"{inst.url}{ctx.endpoint}", payload, self._hops.headers(ctx)))
-        try:
-            return await asyncio.shield(hop)
-        except asyncio.CancelledError:
-            # The lease goes with the hop: ``_release_after`` ends it when the hop is over.
-            assert lease is not None
-            self._spawn(self._release_after(hop, lease, ctx.decode, ctx.rid))
-            lease = None
-            raise
-        except UpstreamError as exc:
-            self._hops.unreachable(ctx, inst, exc)
-            return None
-        finally:
-            if lease is not None:
-                lease.release()
-
-    async def _release_after(self, hop: asyncio.Future[UpstreamReply], lease: Lease,
-                             decode: Instance | None, rid: str) -> None:
-        with lease:
-            try:
-                reply = await hop
-            except (UpstreamError, asyncio.CancelledError):
-                return  # no answer: the engine aborted the request or failed; nothing held
-        data = prefill_answer(reply)
-        if data is not None:
-            await self._kv.release(data["kv_transfer_params"], decode, "client_gone", rid)
-
-    async def _decode_with_kv(self, ctx: Ctx, done: PrefillDone) -> Stream | None:
-        """The decode hop carrying the prefill's KV handle, sent once. None: serve the
-        request colocated (the handle was released, or may have been read)."""
-        body, ctx.strip_usage = decode_body(ctx.body, done.kv_params)
-        payload = orjson.dumps(body)
-        tried: set[str] = set()
-        inst: Instance | None = ctx.decode
-        while inst is not None and len(tried) < self.table.settings.max_attempts:
-            late = self.clock() - done.answered_at
-            if late > self._late_s:
-                ctx.errors.append(f"decode hop {late:.1f} s after the prefill answered (limit "
-                                  f"{self._late_s:g} s of a {self._lease_s} s lease)")
-                self._spawn(self._kv.release(done.kv_params, inst, "late", ctx.rid))
-                return None
-            self._assign_decode(ctx, inst)
-            tried.add(inst.id)
-            written: list[bool] = []
-            try:
-                resp = await self._hops.attempt(ctx, inst, payload, resend=False,
-                                           first_by=done.answered_at + self._late_s,
-                                           on_sent=partial(written.append, True))
-            except AttemptFailed as exc:
-                if exc.reached:
-                    # The handle may have been read: it is never sent again. (A hop aborted
-                    # for a stuck read answered nobody: its late read cannot taint output.)
-                    ctx.kv_handle = None if exc.stuck else done.handle
-                    return None
-            except asyncio.CancelledError:
-                if not written:
-                    # The client left while the hop was still connecting: no engine has the
-                    # handle, so nothing would free the prefill's blocks before the lease
-                    # ends. (A hop already written is aborted by the engine, which frees them.)
-                    self._spawn(self._kv.release(done.kv_params, None, "client_gone", ctx.rid))
-                raise
-            else:
-                ctx.kv_handle = done.handle
-                return resp
-            inst = self.table.pick(Role.DECODE, tried, ctx.blocks)
-        self._spawn(self._kv.release(done.kv_params, ctx.decode, "decode_unavailable", ctx.rid))
-        return None
 
     async def _colocated(self, ctx: Ctx) -> Stream:
         body, ctx.strip_usage = decode_body(ctx.body, None)
@@ -380,6 +321,7 @@ class Proxy:
                 break
             self._assign_decode(ctx, inst)
             tried.add(inst.id)
+            self._sent(ctx, inst, None)
             try:
                 return await self._hops.attempt(ctx, inst, payload, resend=True)
             except AttemptFailed:
@@ -430,6 +372,11 @@ class Proxy:
             retries=ctx.retries, kv_handle=ctx.kv_handle, gaps=ctx.gaps,
             cached_predicted=ctx.cached_predicted, prefill_cached=ctx.prefill_cached,
             decode_cached_predicted=ctx.decode_cached_predicted), self._costs)
+        if ctx.decision is not None:
+            rec.decision, rec.decision_reason = ctx.decision.name, ctx.decision.reason
         self.requests.add(rec)
+        if self.fallback is not None:
+            self.fallback.ended(rec)
         self.metrics.observe(rec, ctx.gaps)
+        self.rates.observe(rec)
         return rec

@@ -11,6 +11,7 @@ from typing import Any
 from controller.errors import RoutingError
 from controller.models import Instance, RequestPath
 from controller.router.accounting import EngineTimes
+from controller.router.handoff import HandoffDecision
 from controller.router.policies import PromptBlocks
 from controller.router.table import Lease
 
@@ -60,6 +61,7 @@ class Ctx:
     cached_predicted: int | None = None
     prefill_cached: int | None = None
     decode_cached_predicted: int | None = None
+    decision: HandoffDecision | None = None  # the hand-off decision, once made
 
 
 @dataclass

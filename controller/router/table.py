@@ -72,6 +72,11 @@ class Lease:
     def held(self) -> bool:
         return self._held
 
+    @property
+    def queued(self) -> int:
+        """The uncached prompt tokens this lease counts as queued on its instance."""
+        return self._queued
+
     def __enter__(self) -> Lease:
         return self
 

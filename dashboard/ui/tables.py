@@ -1,5 +1,6 @@
 """Tables on a page: the columns of a table (text and number columns by label), a height that
-shows a table's rows up to a cap, and the table of recent requests with its suspect flag."""
+shows a table's rows up to a cap, and the table of recent requests with its suspect flag, its
+hand-off decision and why, and its silent KV fallback flag."""
 
 from __future__ import annotations
 
@@ -38,11 +39,20 @@ REQUEST_TABLE_COLUMNS = {
     **number_columns("%d", prompt_tokens="prompt", output_tokens="output"),
     **number_columns("%.1f", ttft_ms="TTFT ms", transfer_ms="transfer ms"),
     **text_columns(prefill_instance="prefill", decode_instance="decode", kv_handle="KV handle"),
+    "decision": st.column_config.TextColumn(
+        "decision", help="the hand-off decision (`routing.disagg_policy`): disaggregated or "
+                         "local; empty from an older controller"),
+    "decision_reason": st.column_config.TextColumn("why", help="the decision's reason"),
+    "kv_fallback": st.column_config.TextColumn(
+        "KV fallback", width="small",
+        help="routed disaggregated, but its decode engine computed the prompt itself: the KV "
+             "never arrived (silent fallback)"),
 }
 
 
 def requests_table(requests: pd.DataFrame) -> None:
-    """Recent requests (a ``frames.requests_frame``), newest first, suspect ones flagged."""
+    """Recent requests (a ``frames.requests_frame``), newest first, suspect ones and silent
+    KV fallbacks flagged."""
     table = frames.recent_table(requests)
     st.dataframe(table, column_config=REQUEST_TABLE_COLUMNS, hide_index=True, width="stretch",
                  height=rows_height(len(table), 420))

@@ -1,5 +1,6 @@
-"""Controls: pool size and TP per pool, routing policy (round_robin, least_loaded, cache_aware)
-and thresholds (``cache_load_limit`` among them), draining an instance.
+"""Controls: pool size, TP and KV transfer mode (pull, push) per pool, routing policy
+(round_robin, least_loaded, cache_aware), the hand-off policy (threshold, slo) and thresholds
+(``cache_load_limit`` among them), draining an instance.
 
 Pool changes and drains are reviewed first and sent only after the operator confirms; the
 review of a pool change shows the controller's own plan for it (its dry run); a change the
@@ -31,19 +32,21 @@ st.caption("Every change goes through the control API and lands in the audit log
 
 # ---- pool changes: the controller's dry run first -------------------------------------
 
-def review_pool(role: Role, size: int, tp: int, new_size: int, new_tp: int) -> None:
+def review_pool(role: Role, size: int, tp: int, new_size: int, new_tp: int,
+                kv_mode: str = "pull", new_kv_mode: str | None = None) -> None:
     """Ask the controller's dry run what the change would do: its refusal shows at once,
     its planned actions wait for the operator's confirmation."""
-    request = changes.pool_request(size, tp, new_size, new_tp)
+    request = changes.pool_request(size, tp, new_size, new_tp, kv_mode, new_kv_mode)
     if request is None:
         review.review(role, None)
         return
     st.session_state.pop(review.PENDING_CHANGE_KEY, None)
-    plan = errors.attempt(lambda: client().plan_pool(role, size=request.size, tp=request.tp))
+    plan = errors.attempt(lambda: client().plan_pool(role, size=request.size, tp=request.tp,
+                                                     kv_mode=request.kv_mode))
     if isinstance(plan, ApiError):
         st.session_state[review.CHANGE_OUTCOME_KEY] = (role, False, plan)
         return
-    review.review(role, changes.pool_change(role, size, tp, plan))
+    review.review(role, changes.pool_change(role, size, tp, plan, kv_mode))
 
 
 # ---- convergence (live) ------------------------------------------------------------------------
@@ -59,9 +62,11 @@ def convergence() -> None:
         want, have, act = pool.desired.size, pool.actual.ready_at_desired_tp, pool.actual
         q = pool.quarantine
         done = "quarantined" if q else "converged" if pool.converged else "converging…"
-        col.markdown(f"**{role}** · desired {want} x TP{pool.desired.tp} · {done}")
+        mode = f" · KV {kv_mode_of(pool)}" if has_kv_mode(pool) else ""
+        col.markdown(f"**{role}** · desired {want} x TP{pool.desired.tp}{mode} · {done}")
         col.progress(1.0 if want == 0 else min(1.0, have / want),
-                     text=f"ready at desired TP {have}/{want} · starting {act.starting} · "
+                     text=f"ready at desired TP{' and KV mode' if mode else ''} {have}/{want}"
+                          f" · starting {act.starting} · "
                           f"draining {act.draining}")
         if q is not None:
             col.error(integrity.quarantine_text(role, q), icon=":material/block:")
@@ -69,26 +74,50 @@ def convergence() -> None:
 
 # ---- pool forms ----------------------------------------------------------------------------
 
+KV_MODES = ["pull", "push"]
+KV_MODE_HELP = ("how the KV cache moves from prefill to decode: pull (NixlConnector, the "
+                "decode engine reads it after the prefill hop) or push (NixlPushConnector, "
+                "both hops sent at once, the prefill engine writes it into the decode "
+                "engine's blocks). A change drains and restarts every instance of the pool, "
+                "like a TP change")
+
+
+def has_kv_mode(pool: PoolPublic) -> bool:
+    """Whether the controller says the pool's KV transfer mode (an older one does not)."""
+    return "kv_mode" in pool.desired.model_fields_set
+
+
+def kv_mode_of(pool: PoolPublic) -> str:
+    return str(getattr(pool.desired, "kv_mode", None) or "pull")
+
+
 def pool_form(role: Role, pool: PoolPublic, max_tp: int) -> None:
-    size, tp = pool.desired.size, pool.desired.tp
+    size, tp, mode = pool.desired.size, pool.desired.tp, kv_mode_of(pool)
     with st.form(f"pool-{role}"):
-        st.markdown(f"**{role.capitalize()} pool** · now {size} x TP{tp}")
+        kv = f" · KV {mode}" if has_kv_mode(pool) else ""
+        st.markdown(f"**{role.capitalize()} pool** · now {size} x TP{tp}{kv}")
         # Keys carry the desired state, so the inputs reset when it changes.
         new_size = st.number_input(f"{role} size", min_value=0, max_value=10_000, value=size,
-                                   step=1, key=f"{role}-size-{size}-{tp}")
+                                   step=1, key=f"{role}-size-{size}-{tp}-{mode}")
         if pool.valid_tp:  # the controller's own list: only TPs it would accept
             choices = sorted({*pool.valid_tp, tp})
             new_tp = st.selectbox(
-                f"{role} TP", choices, index=choices.index(tp), key=f"{role}-tp-{size}-{tp}",
+                f"{role} TP", choices, index=choices.index(tp),
+                key=f"{role}-tp-{size}-{tp}-{mode}",
                 help="tensor parallelism: accelerators per instance; only the values that "
                      "divide the model's heads, fit memory and a node, and pair with the "
                      "other pool's TP")
         else:  # an older controller: any TP, checked by its dry run
             new_tp = st.number_input(f"{role} TP", min_value=1, max_value=max(max_tp, tp),
-                                     value=tp, step=1, key=f"{role}-tp-{size}-{tp}",
+                                     value=tp, step=1, key=f"{role}-tp-{size}-{tp}-{mode}",
                                      help="tensor parallelism: accelerators per instance")
+        new_mode = None
+        if has_kv_mode(pool):  # an older controller has one mode, pull, and takes no other
+            new_mode = st.selectbox(f"{role} KV transfer", KV_MODES,
+                                    index=KV_MODES.index(mode) if mode in KV_MODES else 0,
+                                    key=f"{role}-kv-{size}-{tp}-{mode}", help=KV_MODE_HELP)
         if st.form_submit_button(f"Review {role} change"):
-            review_pool(role, size, tp, int(new_size), int(new_tp))
+            review_pool(role, size, tp, int(new_size), int(new_tp), mode, new_mode)
     review.show_pending(role)
     review.show_outcome(role)
 
@@ -116,6 +145,24 @@ def drain_form(instances: list[InstancePublic]) -> None:
                                                                "choose an instance to drain")
     review.show_pending("drain")
     review.show_outcome("drain")
+
+
+DISAGG_POLICIES: list[str] = list(get_args(RoutingPublic.model_fields["disagg_policy"].annotation))
+DISAGG_HELP = ("how each request is handed off: threshold (disaggregated from the prompt "
+               "length below) or slo (disaggregated when that is faster for its uncached "
+               "tokens, the queues and the KV transfer). Transfer shows each decision and why")
+
+
+def disagg_policy_input(where: Any, current: RoutingPublic, v: str) -> dict[str, Any]:
+    """The hand-off policy's selectbox, where the controller says its policy (an older one
+    decides by threshold and has no such setting)."""
+    if "disagg_policy" not in current.model_fields_set:
+        return {}
+    now = current.disagg_policy
+    return {"disagg_policy": where.selectbox(
+        "hand-off policy", DISAGG_POLICIES,
+        index=DISAGG_POLICIES.index(now) if now in DISAGG_POLICIES else 0,
+        key=f"r-hp-{v}", help=DISAGG_HELP)}
 
 
 def routing_form(current: RoutingPublic) -> None:
@@ -160,6 +207,7 @@ def routing_form(current: RoutingPublic) -> None:
                 "longest wait for a prefill slot (s)", min_value=0.1,
                 value=current.prefill_queue_timeout_s, step=5.0, key=f"r-pqt-{v}",
                 help="then the request is served colocated"),
+            **disagg_policy_input(b, current, v),
             "cache_load_limit": a.number_input(
                 "cache_aware load limit (requests above the least loaded)", min_value=0,
                 max_value=100_000, value=current.cache_load_limit, step=1, key=f"r-cll-{v}",

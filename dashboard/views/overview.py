@@ -2,15 +2,16 @@
 and the alerts: KV transfer taking more than the configured share of TTFT, reads of KV blocks
 a prefill engine had already freed (output may be wrong), leases that ran out, quarantined
 pools, a cache_aware pool routed by load (its KV index stale) or predictions far from the
-engines' cache hits (``/api/v1/cache``'s warnings), and the prefix cache's hit rate in a
-line. The time series come from Prometheus when the console has one, else from the
-controller's API."""
+engines' cache hits (``/api/v1/cache``'s warnings), a silent KV fallback or an idle prefill
+pool (``/api/v1/stats`` ``handoff``), and the prefix cache's hit rate and the hand-off's
+decision mix in a line each. The time series come from Prometheus when the console has one,
+else from the controller's API."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, frames, health, prefix_cache, prom, timeline
+from dashboard import charts, frames, handoff, health, prefix_cache, prom, timeline
 from dashboard.config import RECENT_LIMIT, step_for
 from dashboard.ui import alerts, errors, marks, plot, prom_reads, reads, tables
 from dashboard.ui.figures import clock, fmt_ms, rate_basis
@@ -35,18 +36,21 @@ def latency_headline() -> None:
     if targets is not None:
         alerts.health_banner(health.evaluate(s, targets, cl, [
             *(f"{i.subject} failed at {clock(i.at)} (see Incidents)" for i in failed
-              if i.subject not in POOL_SUBJECTS), *prefix_cache.cache_health_lines(cache)]))
+              if i.subject not in POOL_SUBJECTS), *prefix_cache.cache_health_lines(cache),
+            *handoff.handoff_health_lines(s)]))
     grew = timeline.grew_most(s, errors.quietly(lambda: reads.previous_stats(rng), s))
     alerts.incidents_strip(sorted(
         [*failed, *alerts.prometheus_incidents(), *prefix_cache.cache_incidents(cache),
+         *handoff.handoff_incidents(s, rng.stop()),
          *([] if grew is None else [timeline.growth_incident(grew, rng.window_s, rng.stop())])],
         key=lambda i: -i.at), rng.within())
     alerts.kv_integrity_alerts(s, rng.window_s)
     alerts.quarantine_alerts(cl, " See Pools.")
     share = s.transfer_share
     alerts.transfer_alert(share)
-    if line := prefix_cache.cache_headline(cache):
-        st.caption(line)
+    for line in (prefix_cache.cache_headline(cache), handoff.handoff_headline(s)):
+        if line:
+            st.caption(line)
     cols = st.columns(5)
     none = s.requests == 0
     cols[0].metric("Request rate", f"{s.request_rate:.1f} /s",
@@ -117,8 +121,11 @@ def find_request() -> None:
     if isinstance(found, str):
         st.warning(found, icon=":material/search_off:")
         return
+    decided = (f" · decided {found.decision} ({found.decision_reason or 'no reason given'})"
+               if found.decision else "")
+    fallback = " · **silent KV fallback**" if found.kv_fallback else ""
     st.markdown(f"**{found.id}** · {found.path.value} · {found.status} · started "
-                f"{clock(found.started_at)} · TTFT {fmt_ms(found.ttft_ms)}")
+                f"{clock(found.started_at)} · TTFT {fmt_ms(found.ttft_ms)}{decided}{fallback}")
     tables.requests_table(frames.requests_frame([found]))
 
 

@@ -46,7 +46,8 @@ def pool_card(row: pd.Series, instances: pd.DataFrame,
     with st.container(border=True):
         state = ("quarantined" if quarantine else
                  "converged" if row["converged"] else "converging")
-        st.markdown(f"**{role.capitalize()} pool** · TP {row['tp']} · {state}")
+        st.markdown(f"**{role.capitalize()} pool** · TP {row['tp']} · KV {row['kv_mode']} · "
+                    f"{state}")
         if quarantine is not None:
             st.error(integrity.quarantine_text(role, quarantine), icon=":material/block:")
         f = load.pool_figures(u, role) if u is not None else None
@@ -110,6 +111,9 @@ def overview() -> None:
 INSTANCE_COLUMNS = {
     **text_columns(id="instance", role="role", state="state"),
     **number_columns("%d", tp="TP"),
+    "kv_mode": st.column_config.TextColumn(
+        "KV", width="small", help="its KV connector's mode: pull (the decode engine reads the "
+                                  "KV) or push (the prefill engine writes it)"),
     **number_columns("%.0f", running="running", waiting="waiting"),
     **number_columns("%d", inflight="in flight"),
     "kv_cache_usage": st.column_config.ProgressColumn("KV cache", min_value=0.0, max_value=1.0,

@@ -1,8 +1,9 @@
-"""Transfer: KV bytes moved per second, bytes per request against prompt length, the
-bandwidth achieved during transfers against the KV link's ceiling, and the prefill engines' KV
-lease counters (blocks freed when their lease expired, reads completed after that). The time
-series come from Prometheus when the console has one (the engines' NIXL counters too), else
-from the controller's API."""
+"""Transfer: KV bytes moved per second, the hand-off decision (which requests move KV at all,
+why, and the silent fallbacks whose KV never arrived), bytes per request against prompt
+length, the bandwidth achieved during transfers against the KV link's ceiling, and the
+prefill engines' KV lease counters (blocks freed when their lease expired, reads completed
+after that). The time series come from Prometheus when the console has one (the engines'
+NIXL counters too), else from the controller's API."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dashboard import charts, frames, prom, whatif
 from dashboard.ui import alerts, errors, marks, plot, prom_reads, reads, tables
 from dashboard.ui.cache_card import decode_kv_saved
 from dashboard.ui.figures import clock, fmt_bytes, fmt_ms, rate_basis
+from dashboard.ui.handoff_card import handoff_section
 from dashboard.ui.sidebar import run_every
 from dashboard.ui.tables import number_columns, text_columns
 from dashboard.ui.timerange import TimeRange, time_range
@@ -289,6 +291,7 @@ def leases() -> None:
 
 
 kv_headline()
+handoff_section(SCATTER_LIMIT)
 kv_over_time()
 by_path()
 per_request()

@@ -16,6 +16,11 @@ ActionKind = Literal["start", "drain", "stop"]
 InstanceCount = Annotated[int, Field(ge=0, le=10_000, description="instances in the pool")]
 TensorParallel = Annotated[int, Field(ge=1, le=1024, description=(
     "tensor parallelism: the accelerators one instance runs on"))]
+KvMode = Literal["pull", "push"]
+PoolKvMode = Annotated[KvMode, Field(description=(
+    "how the KV cache moves from prefill to decode: pull (vLLM's NixlConnector, the decode "
+    "engine reads it after the prefill hop) or push (NixlPushConnector, both hops sent at "
+    "once and the prefill engine writes the KV into the decode engine's blocks)"))]
 
 
 # ---- pools and instances -------------------------------------------------------------------
@@ -24,13 +29,15 @@ TensorParallel = Annotated[int, Field(ge=1, le=1024, description=(
 class PoolSize(Public):
     size: InstanceCount
     tp: TensorParallel
+    kv_mode: PoolKvMode = "pull"  # "pull" from an older controller
 
 
 class PoolActual(Public):
     ready: int
     starting: int
     draining: int
-    ready_at_desired_tp: int
+    ready_at_desired_tp: int = Field(description=(
+        "ready instances at the desired TP and KV mode"))
 
 
 class QuarantinePublic(Public):
@@ -54,10 +61,11 @@ class PoolPublic(Public):
 
 
 class PoolUpdate(UpdateBody):
-    """``PATCH /api/v1/pools/{role}`` body: the new desired size and/or TP."""
+    """``PATCH /api/v1/pools/{role}`` body: the new desired size, TP and/or KV mode."""
 
     size: Maybe[InstanceCount] = None
     tp: Maybe[TensorParallel] = None
+    kv_mode: Maybe[PoolKvMode] = None
 
 
 class LoadPublic(Public):
@@ -84,6 +92,15 @@ class NixlPublic(Public):
         "KV pulls that failed (vllm:nixl_num_failed_transfers)"))
 
 
+class KvPeerPublic(Public):
+    """An engine's NIXL identity: what a push-mode decode hop names as its prefill engine."""
+
+    engine_id: str = Field(description="vLLM's kv_transfer_config.engine_id")
+    host: str = Field(description="the NIXL side channel's host")
+    port: int = Field(description="the NIXL side channel's port")
+    tp_size: int
+
+
 class InstancePublic(Public):
     """``GET /api/v1/instances[/{id}]``, ``POST .../drain``, each instance of ``/cluster``."""
 
@@ -100,6 +117,10 @@ class InstancePublic(Public):
     last_error: str | None = None
     pid: int | None = Field(None, description="local process id (local launcher only)")
     node: str | None = Field(None, description="the Ray node's IP (ray launcher only)")
+    kv_mode: KvMode = Field("pull", description="its KV connector's mode (pull from an older "
+                            "controller)")
+    kv_peer: KvPeerPublic | None = Field(None, description=(
+        "its NIXL identity; None where the controller does not know it (external engines)"))
 
 
 class InstanceLogPublic(Public):
@@ -147,13 +168,14 @@ class ClusterPublic(Public):
 
 
 class PlannedAction(Public):
-    """One step the planner would take: ``start`` names the role and TP of a new instance,
-    ``drain`` and ``stop`` the instance they act on."""
+    """One step the planner would take: ``start`` names the role, TP and KV mode of a new
+    instance, ``drain`` and ``stop`` the instance they act on."""
 
     kind: ActionKind
     instance_id: str | None = None
     role: Role | None = None
     tp: int | None = None
+    kv_mode: KvMode | None = None
     reason: str
 
 

@@ -4,6 +4,8 @@ bucket by bucket)."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from pdctl_api.schema.common import Public, RequestPath, Role
@@ -60,6 +62,13 @@ class RequestPublic(Public):
     decode_cached_tokens_predicted: int | None = Field(None, description=(
         "disaggregated: prompt tokens the decode instance already held, whose KV was not "
         "pulled over NIXL (from the KV events)"))
+    decision: Literal["disaggregated", "local"] | None = Field(None, description=(
+        "the hand-off decision (routing.disagg_policy); the path can differ when the "
+        "prefill hop failed"))
+    decision_reason: str | None = Field(None, description="why, in words")
+    kv_fallback: bool = Field(False, description=(
+        "routed disaggregated, but its decode engine computed the prompt itself: the KV "
+        "never arrived (silent fallback)"))
 
 
 # ---- a window's statistics -----------------------------------------------------------------
@@ -139,6 +148,33 @@ class KvIntegrityPublic(Public):
     alert: bool = False
 
 
+class FallbackPairPublic(Public):
+    prefill: str
+    decode: str
+    requests: int
+
+
+class HandoffPublic(Public):
+    """The window's hand-off decisions (``routing.disagg_policy``) and the silent fallbacks:
+    requests routed disaggregated whose decode engine computed the prompt itself, and a
+    prefill pool that served nothing while disaggregation was on."""
+
+    policy: str
+    decided_disaggregated: int = 0
+    decided_local: int = 0
+    served_disaggregated: int = Field(0, description=(
+        "requests that went through a prefill instance (a failed prefill hop is served "
+        "colocated although decided disaggregated)"))
+    no_prefill: int = Field(0, description=(
+        "requests that would have gone disaggregated but found no ready prefill instance"))
+    fallback_requests: int = 0
+    fallback_pairs: list[FallbackPairPublic] = Field(default_factory=list)
+    prefill_idle: bool = Field(False, description=(
+        "disaggregation is on (a prefill pool is wanted) but the prefill pool served none of "
+        "the window's requests that should have gone through it"))
+    alerts: list[str] = Field(default_factory=list, description="what is wrong, in words")
+
+
 class AdmissionPublic(Public):
     """Admission control now: client requests in flight against ``routing.max_inflight``
     (0: no limit), and the requests refused with 429 since the controller started."""
@@ -184,6 +220,7 @@ class StatsPublic(Public):
     total_requests: int
     admission: AdmissionPublic | None = None
     kv_integrity: KvIntegrityPublic | None = None
+    handoff: HandoffPublic | None = None
     by_path: dict[str, PathStats] | None = Field(None, description=(
         "disaggregated and colocated apart (a mean over both mixes colocated requests' zero "
         "transfer in); None from an older controller"))
@@ -222,6 +259,9 @@ class BucketPublic(Public):
     errors: int
     disaggregated: int
     colocated: int
+    decided_disaggregated: int = Field(0, description=(
+        "requests the hand-off decision sent disaggregated (routing.disagg_policy)"))
+    decided_local: int = Field(0, description="requests it served on their decode instance")
     ttft_ms: TtftBucket
     gap_p99_ms: float | None = Field(None, description=(
         "the 99th percentile of the streamed requests' own p99 inter-token gaps; None: none"))

@@ -12,6 +12,11 @@ from pydantic import Field
 from pdctl_api.schema.common import Public, UpdateBody, changes_of
 
 PolicyName = Literal["round_robin", "least_loaded", "cache_aware"]
+DisaggPolicyName = Annotated[Literal["threshold", "slo"], Field(description=(
+    "how each request is handed off: threshold (disaggregated when its prompt has at least "
+    "disagg_min_prompt_tokens tokens) or slo (disaggregated when that is faster for its "
+    "uncached tokens, the queues and the KV transfer, protecting the gap target; "
+    "docs/routing-and-accounting.md)"))]
 
 MinPromptTokens = Annotated[int, Field(ge=0, le=10_000_000, description=(
     "shorter prompts are served colocated by a decode instance"))]
@@ -57,6 +62,7 @@ class RoutingPublic(Public):
     prefill_max_inflight: PrefillMaxInflight = 0
     prefill_queue_timeout_s: PrefillQueueTimeoutS = 30.0
     cache_load_limit: CacheLoadLimit = 4
+    disagg_policy: DisaggPolicyName = "threshold"
 
 
 @changes_of(RoutingPublic)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -35,6 +35,7 @@ from controller.requests_log import bucket_grid, stats, timeseries
 from controller.sizing import advisor, fit
 from dashboard.client import ControllerClient
 from pdctl_api import profiles
+from tests.dashboard.fake_handoff import handoff_view, strip_legacy
 
 TOKEN = "secret-token"
 URL = "http://fake-controller:8080"
@@ -150,7 +151,7 @@ class FakeController:
     routing: dict[str, Any] = field(default_factory=lambda: {
         "disagg_min_prompt_tokens": 512, "transfer_alert_share": 0.2,
         "prefill_policy": "round_robin", "decode_policy": "least_loaded",
-        "max_attempts": 3, "request_timeout_s": 600.0})
+        "max_attempts": 3, "request_timeout_s": 600.0, "disagg_policy": "threshold"})
     kv_integrity: dict[str, Any] = field(default_factory=integrity_summary)
     quarantine: dict[Role, Quarantine] = field(default_factory=dict)
     planner: dict[str, Any] = field(default_factory=lambda: planner_view())
@@ -207,7 +208,7 @@ class FakeController:
         if key == ("GET", "/cluster"):
             return self.cluster()
         if key == ("GET", "/routing"):
-            return self.routing
+            return self.routing_view()
         if key == ("GET", "/stats"):
             recs = self.window(window)
             if "end" in q:  # a window in the past: [end - window, end)
@@ -217,6 +218,8 @@ class FakeController:
             out = {**out, "pools": {}, "total_requests": len(self.records)}
             if not self.legacy:
                 out["kv_integrity"] = self.kv_integrity
+                out["handoff"] = handoff_view(recs, self.routing["disagg_policy"],
+                                              self.targets[Role.PREFILL].size, window)
             return out
         if key == ("GET", "/utilization"):
             if self.legacy:
@@ -231,8 +234,11 @@ class FakeController:
         if key == ("GET", "/timeseries"):
             now = min(float(q.get("end", time.time())), time.time())
             recs = [r for r in self.records if now - window <= r.started_at < now]
+            buckets = timeseries(recs, window, float(q["step_s"]), now)
+            if self.legacy:
+                strip_legacy([], buckets)
             return {"window_s": window, "step_s": float(q["step_s"]), "now": now,
-                    "buckets": timeseries(recs, window, float(q["step_s"]), now)}
+                    "buckets": buckets}
         if key == ("GET", "/requests"):
             since, until = float(q.get("since", 0.0)), float(q.get("until", float("inf")))
             chosen = [r for r in self.records if since <= r.started_at < until]
@@ -240,6 +246,7 @@ class FakeController:
             if self.legacy:
                 for r in out:
                     del r["kv_handle"], r["suspect"]
+                strip_legacy(out, [])
             return out
         if key == ("GET", "/advisor"):
             end = float(q.get("end", time.time()))
@@ -260,7 +267,10 @@ class FakeController:
             found = [r for r in self.records if r.id == rid]
             if not found:
                 raise KeyError(rid)
-            return found[-1].public()
+            out = [found[-1].public()]
+            if self.legacy:
+                strip_legacy(out, [])
+            return out[0]
         if key == ("GET", "/access"):
             if self.legacy:
                 raise KeyError("/access")
@@ -324,7 +334,8 @@ class FakeController:
         t = self.targets[role]
         mine = [i for i in self.instances if i.role is role]
         ready = sum(1 for i in mine if i.state is InstanceState.READY and i.tp == t.tp)
-        return {"desired": {"size": t.size, "tp": t.tp},
+        return {"desired": {"size": t.size, "tp": t.tp,
+                            **({} if self.legacy else {"kv_mode": t.kv_mode})},
                 "actual": {"ready": sum(1 for i in mine if i.state is InstanceState.READY),
                            "starting": sum(1 for i in mine
                                            if i.state is InstanceState.STARTING),
@@ -347,7 +358,13 @@ class FakeController:
         if self.legacy:
             for f in LEASE_FIELDS:
                 del out["nixl"][f]
+            out.pop("kv_mode", None), out.pop("kv_peer", None)
         return out
+
+    def routing_view(self) -> dict[str, Any]:
+        """The routing settings; an older controller has no ``disagg_policy``."""
+        return {k: v for k, v in self.routing.items()
+                if not (self.legacy and k == "disagg_policy")}
 
     def cluster(self) -> dict[str, Any]:
         return {
@@ -360,7 +377,7 @@ class FakeController:
                          "nodes": self.nodes, "total_accelerators": 8 * self.nodes,
                          "used_accelerators": 6, "kv_link": "ib-ndr"},
             "pools": {r.value: self.pool_view(r) for r in Role},
-            "routing": self.routing,
+            "routing": self.routing_view(),
             "instances": [self.instance_view(i) for i in self.instances],
         }
 
@@ -375,9 +392,15 @@ class FakeController:
                  "after": {"backend": "sim"}, "detail": None}]
 
     def check(self, role: Role, body: dict[str, Any]) -> dict[Role, PoolTarget]:
-        return fit.check_change(
+        out = dict(self.targets) if body.keys() == {"kv_mode"} else fit.check_change(
             self.targets, role, body.get("size"), body.get("tp"), model=MODEL, hw=HW,
             per_node=8, nodes=self.nodes, managed=True)
+        modes = {r: t.kv_mode for r, t in self.targets.items()}
+        if body.get("kv_mode") is not None:
+            if body["kv_mode"] not in ("pull", "push"):
+                raise InvalidChange(f"KV mode must be pull or push, got {body['kv_mode']!r}")
+            modes[role] = body["kv_mode"]
+        return {r: replace(t, kv_mode=modes[r]) for r, t in out.items()}
 
     def set_pool(self, role: Role, body: dict[str, Any]) -> dict[str, Any]:
         self.targets = self.check(role, body)
@@ -386,13 +409,14 @@ class FakeController:
     def plan_pool(self, role: Role, body: dict[str, Any]) -> dict[str, Any]:
         """What ``Fleet.preview_pool`` answers: the planner's actions for this pool."""
         targets = self.check(role, body)
-        live = tuple(Member(i.id, i.role, i.tp, i.state, self.inflight(i), i.created_at)
-                     for i in self.instances if not i.state.terminal)
+        live = tuple(Member(i.id, i.role, i.tp, i.state, self.inflight(i), i.created_at,
+                            kv_mode=i.kv_mode) for i in self.instances if not i.state.terminal)
         state = FleetState(targets, live, Capacity(8, self.nodes), time.monotonic(), 30.0)
         actions = reconcile(state)
         mine = {i.id for i in live if i.role is role}
         return {"role": role.value, "desired": {"size": targets[role].size,
-                                                "tp": targets[role].tp},
+                                                "tp": targets[role].tp,
+                                                "kv_mode": targets[role].kv_mode},
                 "actions": [planned(a).model_dump(mode="json") for a in actions
                             if (a.role is role if isinstance(a, Start)
                                 else a.instance_id in mine)]}

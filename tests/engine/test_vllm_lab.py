@@ -331,3 +331,36 @@ def _nice(tid: int) -> int | None:
         return os.getpriority(os.PRIO_PROCESS, tid)
     except ProcessLookupError:  # a thread that ended meanwhile
         return None
+
+
+def test_push_mode_pools_restart_and_serve_outputs_equal_to_colocated(
+        lab: ControllerProc, sdk: openai.OpenAI) -> None:
+    """Last (it leaves the lab in push mode): both pools switched to vLLM's
+    NixlPushConnector under light load restart like a TP change with no failed request;
+    then both hops go at once, the decode engine registers its blocks and the prefill
+    engine writes the KV into them over NIXL: every disaggregated answer is the colocated
+    one token for token, and the decode engine counted the prompts as received."""
+    old = {i["id"] for i in lab.get("/instances?state=ready")}
+    with Load(lab.url, workers=1, max_tokens=4, model=MODEL, extra=NO_EOS, timeout_s=300,
+              pause_s=0.5) as load:
+        for role in ("prefill", "decode"):
+            lab.api("PATCH", f"/pools/{role}", {"kv_mode": "push"}).raise_for_status()
+        lab.wait(lambda: {i["kv_mode"] for i in lab.get("/instances?state=ready")} == {"push"}
+                 and len(lab.get("/instances?state=ready")) == 2, 2 * START_S,
+                 "both pools restarted in push mode")
+        wait_converged_under(lab, load, START_S)
+        res = load.stop()
+    assert res.failures == [] and res.ok >= 2, (res.ok, res.failures[:3])
+    ready = lab.get("/instances?state=ready")
+    assert not old & {i["id"] for i in ready}
+    assert all(i["kv_peer"]["engine_id"] == i["id"] for i in ready)
+    d_url = decode_url(lab)
+    received = engine_metric(d_url, "vllm:prompt_tokens_by_source_total", "external_kv")
+    disaggregated_equals_colocated(lab, sdk, MODEL, threshold=128)
+    assert engine_metric(d_url, "vllm:prompt_tokens_by_source_total",
+                         "external_kv") > received
+    streamed = list(sdk.completions.create(model=MODEL, prompt=LONG, max_tokens=6,
+                                           stream=True, extra_body=NO_EOS))
+    assert sum(1 for c in streamed if c.choices and c.choices[0].text) >= 1
+    [rec] = lab.get("/requests?limit=1")
+    assert rec["path"] == "disaggregated" and rec["kv_handle"] and not rec["kv_fallback"]

@@ -194,7 +194,7 @@ def test_pool_dry_run_plans_a_scale_up_and_changes_nothing(ctl: ControllerProc) 
     assert starts and all((a.role, a.tp) == (Role.DECODE, 2) for a in starts), r.json()
     assert all(a.reason for a in plan.actions)
     assert state_snapshot(ctl) == before  # no audit event, desired pools as they were
-    assert ctl.get("/pools/decode")["desired"] == {"size": 1, "tp": 2}
+    assert ctl.get("/pools/decode")["desired"] == {"size": 1, "tp": 2, "kv_mode": "pull"}
     schemas = httpx.get(f"{ctl.url}/openapi.json", timeout=10).json()["components"]["schemas"]
     assert {"PoolPlanPublic", "PlannedAction", "ClusterPublic"} <= set(schemas)
 

@@ -96,8 +96,9 @@ def test_dry_run_plans_a_scale_up_and_changes_nothing(
     before = unchanged(st)
     r = tc.patch("/api/v1/pools/decode?dry_run=true", json={"size": 3})
     assert r.status_code == 200, r.text
-    assert r.json() == {"role": "decode", "desired": {"size": 3, "tp": 2}, "actions": [
-        {"kind": "start", "instance_id": None, "role": "decode", "tp": 2,
+    assert r.json() == {"role": "decode", "desired": {"size": 3, "tp": 2, "kv_mode": "pull"},
+                        "actions": [
+        {"kind": "start", "instance_id": None, "role": "decode", "tp": 2, "kv_mode": "pull",
          "reason": "decode pool below size (1/3)"}] * 2, "notes": [
         "decode at TP2 holds 34,679 tokens of KV cache per instance: 48 contexts of the "
         "observed p99 context (708 tokens), 48 of the p50 (708)"]}
@@ -116,8 +117,8 @@ def test_dry_run_of_a_scale_down_names_the_instance_to_drain(
     r = tc.patch("/api/v1/pools/decode?dry_run=true", json={"size": 1})
     assert r.json()["actions"] == [
         {"kind": "drain", "instance_id": "decode-3", "role": None, "tp": None,
-         "reason": "scale decode down to 1"}]
-    assert r.json()["desired"] == {"size": 1, "tp": 2}
+         "kv_mode": None, "reason": "scale decode down to 1"}]
+    assert r.json()["desired"] == {"size": 1, "tp": 2, "kv_mode": "pull"}
     assert unchanged(st) == before
     assert inst.state is InstanceState.READY
 

@@ -59,7 +59,8 @@ def test_status(pdctl: Pdctl, app_state: App) -> None:
                                 "round_robin, decode least_loaded")
     assert lines[3].split()[-1] == "URL" and "NODE" not in lines[3]  # local processes
     code, out, _ = pdctl("status", "--json")
-    assert json.loads(out)["pools"]["decode"]["desired"] == {"size": 1, "tp": 2}
+    assert json.loads(out)["pools"]["decode"]["desired"] == {"size": 1, "tp": 2,
+                                                             "kv_mode": "pull"}
 
 
 def test_status_names_the_node_of_engines_on_ray(pdctl: Pdctl, app_state: App) -> None:

@@ -12,6 +12,11 @@ from pdctl_api import profiles
 
 EngineRole = Literal["prefill", "decode", "both"]
 KvLoadFailurePolicy = Literal["fail", "recompute"]
+# vLLM 0.32's NIXL connectors: the decode engine reads (pull) or the prefill writes (push)
+KvConnector = Literal["NixlConnector", "NixlPullConnector", "NixlPushConnector"]
+KV_CONNECTORS: tuple[KvConnector, ...] = ("NixlConnector", "NixlPullConnector",
+                                          "NixlPushConnector")
+KvTransferMode = Literal["pull", "push"]
 
 
 class SimConfigError(ValueError):
@@ -41,6 +46,25 @@ class SimEngineConfig:
     kv_events_config: dict[str, Any] | None = None
     # vLLM's --enable-prompt-tokens-details: usage carries prompt_tokens_details.cached_tokens
     enable_prompt_tokens_details: bool = False
+    # vLLM's kv_transfer_config.kv_connector: NixlPushConnector is push mode, the others pull
+    kv_connector: KvConnector = "NixlConnector"
+    # push mode, decode side: wall seconds a registration waits for the prefill's write
+    # (vLLM's push_registration_timeout; default: the KV lease, as vLLM's decoder_kv_blocks_ttl)
+    push_registration_timeout_s: float | None = None
+    # fault injection: this engine finds every prefill's side channel unreachable at start
+    # (changed at run time with ``POST /sim/fault``)
+    fault_kv_unreachable: bool = False
+
+    @property
+    def kv_transfer_mode(self) -> KvTransferMode:
+        return "push" if self.kv_connector == "NixlPushConnector" else "pull"
+
+    @property
+    def push_timeout_s(self) -> float:
+        """How long a decode engine's push registration waits for the prefill's write."""
+        if self.push_registration_timeout_s is None:
+            return self.kv_lease_duration_s
+        return self.push_registration_timeout_s
 
     @property
     def kv_events_enabled(self) -> bool:
@@ -93,6 +117,14 @@ def validate_config(cfg: SimEngineConfig) -> None:
     if cfg.kv_load_failure_policy not in ("fail", "recompute"):
         raise SimConfigError(f"unknown kv_load_failure_policy {cfg.kv_load_failure_policy!r}; "
                           "known: fail, recompute")
+    if cfg.kv_connector not in KV_CONNECTORS:
+        raise SimConfigError(f"unknown kv_connector {cfg.kv_connector!r}; "
+                             f"known: {', '.join(KV_CONNECTORS)}")
+    if cfg.push_registration_timeout_s is not None:
+        _positive("push_registration_timeout_s", cfg.push_registration_timeout_s, 0.0,
+                  strict=True)
+        if math.isinf(cfg.push_registration_timeout_s):
+            raise SimConfigError("push_registration_timeout_s must be finite")
     _positive("port", cfg.port, 0)
     if cfg.port > 65535:
         raise SimConfigError(f"port must be <= 65535, got {cfg.port}")

@@ -15,7 +15,8 @@ Prefix caching and KV events (see ``blocks`` and ``scheduler``): with ``--kv-eve
 the cache's events go out as one batch per engine step that produced some (vLLM publishes at
 the end of each step); events from work between steps (a handle read or expired, an abort, a
 KV pull done) go out as one batch on the event loop's next turn. The decode side of a
-disaggregated request lives in ``decode_hop``.
+disaggregated request lives in ``decode_hop`` (pull mode) and ``push_hop`` (push mode,
+``--kv-connector NixlPushConnector``).
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ from controller.engines.sim.config import SimEngineConfig
 from controller.engines.sim.cost import step_duration
 from controller.engines.sim.decode_hop import DecodeHops
 from controller.engines.sim.events import KvEventPublisher
-from controller.engines.sim.kv_pull import KvPuller, KvRefused, PullResult
+from controller.engines.sim.kv_pull import KvPuller, KvRefused, PullResult, advertised_host
 from controller.engines.sim.metrics import SimMetrics
 from controller.engines.sim.protocol import EngineError, RemoteKv, SimRequest
-from controller.engines.sim.scheduler import Scheduler, Seq, StepPlan, StepResult
+from controller.engines.sim.push import PushBook, Pushed
+from controller.engines.sim.push_hop import PushHops
+from controller.engines.sim.scheduler import Handle, Scheduler, Seq, StepPlan, StepResult
 from controller.engines.sim.stream import RequestStream
 from pdctl_api import profiles
 
@@ -51,7 +54,7 @@ def capacity_blocks(cfg: SimEngineConfig) -> int:
     return max(blocks, math.ceil(m.max_model_len / cfg.block_size))
 
 
-class SimEngine(DecodeHops):
+class SimEngine(DecodeHops, PushHops):
     def __init__(self, cfg: SimEngineConfig, engine_id: str, metrics: SimMetrics,
                  puller: KvPuller) -> None:
         self.cfg = cfg
@@ -61,6 +64,8 @@ class SimEngine(DecodeHops):
         self._hw = profiles.hardware(cfg.hardware)
         self._link = profiles.link(cfg.link)
         self._puller = puller
+        puller.unreachable = cfg.fault_kv_unreachable
+        self._side_host = advertised_host(cfg.host)
         self.scheduler = Scheduler(capacity_blocks(cfg), cfg.block_size, cfg.max_num_seqs,
                                    cfg.max_num_batched_tokens, cfg.kv_lease_duration_s,
                                    record_events=cfg.kv_events_enabled,
@@ -81,6 +86,11 @@ class SimEngine(DecodeHops):
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._last_heartbeat = -math.inf
         self._background: set[asyncio.Task[None]] = set()  # heartbeats and releases in flight
+        # push mode: decode hops registered with their prefill and waiting for the write;
+        # on the prefill side, registrations waiting for a prefill and handles being written
+        self._push_waits: dict[str, tuple[asyncio.Future[Pushed], RemoteKv]] = {}
+        self._push_book = PushBook()
+        self._writing: dict[str, Handle] = {}
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -124,7 +134,9 @@ class SimEngine(DecodeHops):
             return
         del self._streams[seq_id]
         self._drop_lease(seq_id)
-        if seq_id in self._pulls:
+        if self._abort_push_wait(seq_id):  # registered: the prefill is told to drop it
+            self.scheduler.abort(seq_id)
+        elif seq_id in self._pulls:
             # The read is in flight: let it finish (it frees the prefill's handle), then the
             # pull drops the request and its blocks.
             self._draining.add(seq_id)
@@ -170,6 +182,8 @@ class SimEngine(DecodeHops):
         """
         self._expire_due()
         self._check_engine(engine_id)
+        if self.push_mode and self._serve_push_release(seq_id):
+            return True
         if seq_id not in self.scheduler.handles:
             self._unrecognized(seq_id)
             return False
@@ -186,6 +200,30 @@ class SimEngine(DecodeHops):
         self._check_engine(engine_id)
         until = time.monotonic() + self.cfg.kv_lease_extension_s
         return self.scheduler.extend(seq_ids, until)
+
+    @property
+    def kv_unreachable(self) -> bool:
+        """The fault knob: every prefill's side channel is unreachable from this engine."""
+        return self._puller.unreachable
+
+    @kv_unreachable.setter
+    def kv_unreachable(self, value: bool) -> None:
+        self._puller.unreachable = value
+
+    @property
+    def num_kv_handles(self) -> int:
+        """Prefill KV held for decode engines: under a lease, or being pushed."""
+        return len(self.scheduler.handles) + len(self._writing)
+
+    @property
+    def num_push_registrations(self) -> int:
+        """Push mode, prefill side: registrations waiting for their prefill to finish."""
+        return self._push_book.num_registrations
+
+    @property
+    def num_push_waiting(self) -> int:
+        """Push mode, decode side: requests registered and waiting for the prefill's write."""
+        return len(self._push_waits)
 
     def kv_bytes(self, prompt_tokens: int) -> int:
         return profiles.kv_bytes(self._model, prompt_tokens, self.cfg.block_size)
@@ -231,6 +269,7 @@ class SimEngine(DecodeHops):
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
+        self._push_book.clear()
         tasks = [t for t in (self._task, self._heartbeat_task, *self._pulls.values(),
                              *self._background) if t is not None]
         for task in tasks:
@@ -258,7 +297,9 @@ class SimEngine(DecodeHops):
         clock = time.monotonic()
         while self.scheduler.num_running or self.scheduler.num_waiting:
             plan = self.scheduler.schedule()
-            self._start_pulls(plan.kv_loads)
+            if plan.kv_loads:
+                (self._start_registrations if self.push_mode else self._start_pulls)(
+                    plan.kv_loads)
             if plan.empty:  # only KV pulls in flight or blocked on KV space: wait for news
                 self._publish_events()
                 self._wake.clear()
@@ -321,7 +362,8 @@ class SimEngine(DecodeHops):
         if seq.hold_kv:
             handle = self.scheduler.handles[seq.seq_id]
             stream.handle_blocks = handle.blocks
-            self._arm_expiry(handle.expires_at)
+            if not (self.push_mode and self._push_finished(seq.seq_id)):
+                self._arm_expiry(handle.expires_at)
         stream.finish()
 
     # ---- KV leases on the prefill side ---------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The decode side of the simulated NIXL side channel: pull, release and heartbeat calls.
+"""The client side of the simulated NIXL side channel: pull, release, heartbeat, and push mode's
+register and pushed calls.
 
 The simulator's "side channel" is the prefill engine's own HTTP port:
 
@@ -13,9 +14,19 @@ The simulator's "side channel" is the prefill engine's own HTTP port:
   engine will not read (its request was rejected or aborted before the pull).
 - ``POST /sim/kv/heartbeat`` renews the leases of handles a decode engine still waits on.
 
+Push mode (vLLM 0.32's NixlPushConnector, see ``push``) adds two calls:
+
+- ``POST /sim/kv/register`` (decode -> prefill): the decode engine allocated blocks for a
+  request and asks the prefill to write its KV there (vLLM's PUSH_REG notification). Only a
+  wrong engine id, a prefill not in push mode, or a prefill that cannot be reached fails it
+  (vLLM's registration handshake fails).
+- ``POST /sim/kv/pushed`` (prefill -> decode): the prefill's write into those blocks is
+  complete (vLLM's completion notification to the decode worker).
+
 The transfer time itself is modelled by the caller from the bytes and the link profile.
-A prefill engine that lives in the same process (a sim host's engines) is called directly
-(``peers``): the same calls, without HTTP.
+An engine that lives in the same process (a sim host's engines) is called directly
+(``peers``): the same calls, without HTTP. ``unreachable`` (the fault knob) makes every call
+fail as if no peer answered.
 """
 
 from __future__ import annotations
@@ -27,10 +38,13 @@ from typing import Any, Protocol
 import httpx
 
 from controller.engines.sim.protocol import RemoteKv
+from controller.engines.sim.push import Pushed, Registration
 
 PULL_PATH = "/sim/kv/pull"
 RELEASE_PATH = "/sim/kv/release"
 HEARTBEAT_PATH = "/sim/kv/heartbeat"
+REGISTER_PATH = "/sim/kv/register"
+PUSHED_PATH = "/sim/kv/pushed"
 PULL_TIMEOUT_S = 10.0
 
 
@@ -51,6 +65,10 @@ class SideChannel(Protocol):
 
     def serve_heartbeat(self, engine_id: str, seq_ids: list[str]) -> int: ...
 
+    def serve_register(self, reg: Registration) -> bool: ...
+
+    def serve_pushed(self, done: Pushed) -> bool: ...
+
 
 Peers = Callable[[str, int], "SideChannel | None"]
 
@@ -68,6 +86,11 @@ class PullResult:
     prompt_tokens: int
     kv_bytes: int
     stale: bool = False  # the prefill no longer tracked the handle: sizes are unknown (0)
+
+
+def advertised_host(host: str) -> str:
+    """The host other engines dial for KV: a wildcard bind is reached on loopback."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
 def kv_url(host: str, port: int, path: str) -> str:
@@ -96,8 +119,12 @@ class KvPuller:
         self._transport = transport
         self._peers = peers
         self._client: httpx.AsyncClient | None = None
+        self.unreachable = False  # the fault knob: no side channel answers
 
     def _peer(self, host: str, port: int) -> SideChannel | None:
+        if self.unreachable:
+            raise KvPullError(f"prefill engine {host}:{port} unreachable (fault injected: "
+                              "kv_unreachable)")
         return None if self._peers is None else self._peers(host, port)
 
     def _http(self) -> httpx.AsyncClient:
@@ -157,6 +184,40 @@ class KvPuller:
             return
         body = {"remote_engine_id": engine_id, "request_ids": request_ids}
         await self._notify(host, port, HEARTBEAT_PATH, body, timeout_s)
+
+    async def register(self, reg: Registration) -> None:
+        """Ask the prefill at ``reg.remote_host:port`` to write ``reg``'s KV (push mode);
+        ``KvPullError`` if the handshake failed or it cannot be reached."""
+        peer = self._peer(reg.remote_host, reg.remote_port)
+        if peer is not None:
+            try:
+                peer.serve_register(reg)
+            except KvRefused as exc:
+                raise KvPullError(f"KV handshake with engine {reg.remote_engine_id!r} at "
+                                  f"{reg.remote_host}:{reg.remote_port} failed: {exc}") from exc
+            return
+        where = f"{reg.remote_host}:{reg.remote_port}"
+        try:
+            resp = await self._http().post(kv_url(reg.remote_host, reg.remote_port,
+                                                  REGISTER_PATH), json=reg.body())
+        except httpx.HTTPError as exc:
+            raise KvPullError(f"prefill engine {where} unreachable "
+                              f"({type(exc).__name__}: {exc})") from exc
+        if resp.status_code == 404:
+            raise KvPullError(f"KV handshake with engine {reg.remote_engine_id!r} at {where} "
+                              f"failed: {_detail(resp)}")
+        if resp.status_code != 200:
+            raise KvPullError(f"prefill engine {where} answered HTTP {resp.status_code}")
+
+    async def pushed(self, reg: Registration, done: Pushed) -> None:
+        """Tell the decode engine that registered ``reg`` its KV was written (push mode);
+        ``KvPullError`` on failure. Not subject to the fault knob (a prefill's call)."""
+        peer = None if self._peers is None else self._peers(reg.decode_host, reg.decode_port)
+        if peer is not None:
+            self._local(peer.serve_pushed, reg.decode_host, reg.decode_port, PUSHED_PATH, done)
+            return
+        await self._notify(reg.decode_host, reg.decode_port, PUSHED_PATH, done.body(),
+                           PULL_TIMEOUT_S)
 
     @staticmethod
     def _local(call: Callable[..., Any], host: str, port: int, path: str, *args: Any) -> None:

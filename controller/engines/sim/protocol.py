@@ -40,7 +40,11 @@ class KvLoadFailure(EngineError):
 
 @dataclass(frozen=True, slots=True)
 class RemoteKv:
-    """Where a decode hop pulls its KV from: the prefill hop's ``kv_transfer_params``."""
+    """Where a decode hop pulls its KV from: the prefill hop's ``kv_transfer_params``.
+
+    In push mode the decode hop names only the prefill engine: ``request_id`` is then the
+    decode hop's own (the X-Request-Id both hops share) and ``block_ids`` is empty.
+    """
 
     engine_id: str
     request_id: str
@@ -109,7 +113,27 @@ def _max_tokens(body: dict[str, Any], chat: bool) -> int:
     return DEFAULT_MAX_TOKENS if value is None else value
 
 
-def _remote_kv(params: dict[str, Any]) -> RemoteKv:
+def _push_remote_kv(params: dict[str, Any], request_id: str) -> RemoteKv:
+    """A push-mode decode hop's prefill: its engine id and side channel (vLLM 0.32's
+    NixlPushConnector reads remote_engine_id, remote_host, remote_port and tp_size; the
+    prefill's request id and blocks, unknown to the router, are not needed)."""
+    keys = ("remote_engine_id", "remote_host", "remote_port")
+    missing = [k for k in keys if k not in params]
+    if missing:
+        raise EngineError(f"kv_transfer_params with do_remote_prefill lacks {', '.join(missing)}")
+    engine_id, host, port = (params[k] for k in keys)
+    if not (isinstance(engine_id, str) and isinstance(host, str) and isinstance(port, int)
+            and not isinstance(port, bool)):
+        raise EngineError("kv_transfer_params: remote_engine_id and remote_host must be "
+                          "strings, remote_port an integer")
+    cached = params.get("remote_prefill_cached_tokens")
+    return RemoteKv(engine_id, request_id, host, port, [],
+                    cached if isinstance(cached, int) and not isinstance(cached, bool) else None)
+
+
+def _remote_kv(params: dict[str, Any], push: bool = False, request_id: str = "") -> RemoteKv:
+    if push:
+        return _push_remote_kv(params, request_id)
     keys = ("remote_engine_id", "remote_request_id", "remote_host", "remote_port",
             "remote_block_ids")
     missing = [k for k in keys if k not in params]
@@ -127,7 +151,8 @@ def _remote_kv(params: dict[str, Any]) -> RemoteKv:
                     cached if isinstance(cached, int) and not isinstance(cached, bool) else None)
 
 
-def _kv_params(body: dict[str, Any]) -> tuple[bool, RemoteKv | None]:
+def _kv_params(body: dict[str, Any], push: bool, request_id: str
+               ) -> tuple[bool, RemoteKv | None]:
     params = body.get("kv_transfer_params")
     if params is None:
         return False, None
@@ -138,10 +163,11 @@ def _kv_params(body: dict[str, Any]) -> tuple[bool, RemoteKv | None]:
     if decode and prefill:
         raise EngineError(
             "kv_transfer_params: do_remote_decode and do_remote_prefill are exclusive")
-    return decode, _remote_kv(params) if prefill else None
+    return decode, _remote_kv(params, push, request_id) if prefill else None
 
 
-def rejected_remote_prefill(body: Any) -> RemoteKv | None:
+def rejected_remote_prefill(body: Any, push: bool = False, request_id: str = ""
+                            ) -> RemoteKv | None:
     """Where a rejected request's prefill KV waits, if its body names it completely.
 
     For a body ``parse_request`` refused: vLLM's serving layer still tells the connector about
@@ -152,7 +178,7 @@ def rejected_remote_prefill(body: Any) -> RemoteKv | None:
     if not isinstance(params, dict) or params.get("do_remote_prefill") is not True:
         return None
     try:
-        return _remote_kv(params)
+        return _remote_kv(params, push, request_id)
     except EngineError:
         return None
 
@@ -167,8 +193,11 @@ def _include_usage(body: dict[str, Any]) -> bool:
 
 
 def parse_request(body: Any, *, chat: bool, request_id: str, model_name: str,
-                  max_model_len: int) -> SimRequest:
-    """Validate a completion or chat body; raise ``EngineError`` as vLLM would answer."""
+                  max_model_len: int, push: bool = False) -> SimRequest:
+    """Validate a completion or chat body; raise ``EngineError`` as vLLM would answer.
+
+    ``push``: the engine runs NixlPushConnector (a decode hop names only its prefill).
+    """
     if not isinstance(body, dict):
         raise EngineError("request body must be a JSON object")
     model = body.get("model")
@@ -188,7 +217,7 @@ def parse_request(body: Any, *, chat: bool, request_id: str, model_name: str,
             f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
             f"{max_tokens} in the completion). Please reduce the length of the messages or "
             "completion.")
-    remote_decode, remote_prefill = _kv_params(body)
+    remote_decode, remote_prefill = _kv_params(body, push, request_id)
     stream = _bool_field(body, "stream")
     return SimRequest(
         chat=chat, request_id=request_id, prompt=prompt_of(body), prompt_tokens=prompt_tokens,

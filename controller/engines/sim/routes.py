@@ -30,6 +30,7 @@ from controller.engines.sim.protocol import (
     parse_request,
     rejected_remote_prefill,
 )
+from controller.engines.sim.push import Pushed, Registration
 from controller.engines.sim.stream import RequestStream
 from controller.engines.sim.text import prompt_seed
 
@@ -88,8 +89,29 @@ async def info(request: Request) -> JSONResponse:
     body = dataclasses.asdict(st.cfg)
     body.update(engine_id=st.engine.engine_id, served_model_name=st.cfg.model_name,
                 kv_capacity_blocks=st.engine.scheduler.pool.capacity,
-                kv_cached_blocks=st.engine.scheduler.pool.num_cached)
+                kv_cached_blocks=st.engine.scheduler.pool.num_cached,
+                kv_transfer_mode=st.cfg.kv_transfer_mode,
+                kv_handles=st.engine.num_kv_handles,
+                kv_push_registrations=st.engine.num_push_registrations,
+                kv_push_waiting=st.engine.num_push_waiting,
+                kv_unreachable=st.engine.kv_unreachable)
     return JSONResponse(body)
+
+
+async def fault(request: Request) -> JSONResponse:
+    """The fault knob: ``POST {"kv_unreachable": true|false}`` makes every prefill's side
+    channel unreachable from this engine (KV loads fail; with ``kv_load_failure_policy
+    recompute`` the client still gets its answer); ``GET`` reads it."""
+    engine = _state(request).engine
+    if request.method == "POST":
+        try:
+            body = await _json(request)
+            if not isinstance(body, dict) or not isinstance(body.get("kv_unreachable"), bool):
+                raise EngineError("expected {\"kv_unreachable\": true|false}")
+        except EngineError as err:
+            return _error(err, {})
+        engine.kv_unreachable = body["kv_unreachable"]
+    return JSONResponse({"kv_unreachable": engine.kv_unreachable})
 
 
 _Check = tuple[Callable[[Any], bool], str]
@@ -177,6 +199,40 @@ async def kv_heartbeat(request: Request) -> JSONResponse:
     return known if isinstance(known, JSONResponse) else JSONResponse({"extended": known})
 
 
+async def _push_message(request: Request, what: str,
+                        serve: Callable[[Any], bool], parse: Callable[[Any], Any]
+                        ) -> JSONResponse:
+    """A push-mode side-channel call: 400 for a bad body, 404 when refused."""
+    try:
+        body = await _json(request)
+        if not isinstance(body, dict):
+            raise EngineError(f"bad {what} request: the body must be a JSON object")
+        try:
+            message = parse(body)
+        except ValueError as exc:
+            raise EngineError(f"bad {what} request: {exc}") from None
+    except EngineError as err:
+        return _error(err, {})
+    try:
+        return JSONResponse({"accepted": serve(message)})
+    except KvRefused as exc:
+        return _refused(exc)
+
+
+async def kv_register(request: Request) -> JSONResponse:
+    """Push mode, prefill side: a decode engine registers its blocks for a request's KV.
+    ``accepted``: the prefill had finished and the write started (else it waits)."""
+    return await _push_message(request, "register", _state(request).engine.serve_register,
+                               Registration.from_body)
+
+
+async def kv_pushed(request: Request) -> JSONResponse:
+    """Push mode, decode side: the prefill wrote a registered request's KV. ``accepted``
+    is false for a request that no longer waits for it."""
+    return await _push_message(request, "pushed", _state(request).engine.serve_pushed,
+                               Pushed.from_body)
+
+
 # ---- generation ---------------------------------------------------------------------------
 
 async def completions(request: Request) -> Response:
@@ -198,9 +254,10 @@ async def _generate(request: Request, chat: bool) -> Response:
     try:
         req = parse_request(body, chat=chat, request_id=request_id,
                             model_name=st.cfg.model_name,
-                            max_model_len=st.cfg.model_profile.max_model_len)
+                            max_model_len=st.cfg.model_profile.max_model_len,
+                            push=st.cfg.kv_transfer_mode == "push")
     except EngineError as err:
-        remote = rejected_remote_prefill(body)
+        remote = rejected_remote_prefill(body, st.cfg.kv_transfer_mode == "push", request_id)
         if remote is not None:  # vLLM frees the prefill's KV of a rejected decode hop
             st.engine.reject(remote)
         return _error(err, headers)

@@ -153,6 +153,10 @@ class Scheduler:
     def get(self, seq_id: str) -> Seq | None:
         return self._live.get(seq_id)
 
+    def live_ids(self) -> list[str]:
+        """The ids of the sequences waiting or running."""
+        return list(self._live)
+
     def in_use(self, seq_id: str) -> bool:
         return seq_id in self._live or seq_id in self.handles
 

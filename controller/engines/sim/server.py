@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from controller.engines.sim import routes
 from controller.engines.sim.config import (
+    KV_CONNECTORS,
     SimConfigError,
     SimEngineConfig,
     parse_kv_events_config,
@@ -27,9 +28,12 @@ from controller.engines.sim.engine import SimEngine
 from controller.engines.sim.kv_pull import (
     HEARTBEAT_PATH,
     PULL_PATH,
+    PUSHED_PATH,
+    REGISTER_PATH,
     RELEASE_PATH,
     KvPuller,
     Peers,
+    advertised_host,
 )
 from controller.engines.sim.metrics import SimMetrics
 from controller.signals import clean_stop_signals
@@ -38,9 +42,8 @@ from pdctl_api import profiles
 GRACEFUL_SHUTDOWN_S = 2
 
 
-def advertised_host(host: str) -> str:
-    """The host decode engines dial for KV: a wildcard bind is reached on loopback."""
-    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+__all__ = ["GRACEFUL_SHUTDOWN_S", "add_arguments", "advertised_host", "config_from_args",
+           "create_engine_app", "run_from_args"]
 
 
 def create_engine_app(cfg: SimEngineConfig, kv_transport: httpx.AsyncBaseTransport | None = None,
@@ -72,10 +75,15 @@ def create_engine_app(cfg: SimEngineConfig, kv_transport: httpx.AsyncBaseTranspo
         Route(PULL_PATH, routes.kv_pull, methods=["POST"]),
         Route(RELEASE_PATH, routes.kv_release, methods=["POST"]),
         Route(HEARTBEAT_PATH, routes.kv_heartbeat, methods=["POST"]),
+        Route(REGISTER_PATH, routes.kv_register, methods=["POST"]),
+        Route(PUSHED_PATH, routes.kv_pushed, methods=["POST"]),
+        Route("/sim/fault", routes.fault, methods=["GET", "POST"]),
         Route("/reset_prefix_cache", routes.reset_prefix_cache, methods=["POST"]),
     ], lifespan=lifespan)
     kv_endpoint = {"remote_engine_id": engine_id, "remote_host": advertised_host(cfg.host),
                    "remote_port": cfg.port, "tp_size": cfg.tp}
+    if cfg.kv_transfer_mode == "push":  # vLLM 0.32 names the mode in what a prefill returns
+        kv_endpoint["transfer_mode"] = "push"
     app.state.sim = routes.SimState(cfg, engine, time.monotonic() + cfg.startup_delay_s,
                                     int(time.time()), kv_endpoint)
     return app
@@ -122,6 +130,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       "\"tcp://*:5558\"} (default: no events)")
     p("--enable-prompt-tokens-details", action="store_true", default=False,
       help="usage carries prompt_tokens_details.cached_tokens, as in vLLM")
+    p("--kv-connector", choices=list(KV_CONNECTORS), default="NixlConnector",
+      help="vLLM's kv_connector: NixlConnector and NixlPullConnector read the KV from the "
+      "prefill (pull mode), NixlPushConnector has the prefill write it into the decode "
+      "engine's blocks, both hops sent at once (push mode) (default: %(default)s)")
+    p("--push-registration-timeout", type=float, default=None, metavar="SECONDS",
+      help="push mode: wall seconds a decode engine's registration waits for the prefill's "
+      "write before the KV load fails (default: --kv-lease-duration)")
+    p("--fault-kv-unreachable", action="store_true", default=False,
+      help="fault injection: every prefill's side channel is unreachable from this engine, "
+      "so its KV loads fail (toggle at run time with POST /sim/fault)")
 
 
 def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
@@ -135,7 +153,10 @@ def config_from_args(args: argparse.Namespace) -> SimEngineConfig:
         engine_id=args.engine_id, startup_delay_s=args.startup_delay_s,
         max_model_len=args.max_model_len,
         kv_events_config=parse_kv_events_config(args.kv_events_config),
-        enable_prompt_tokens_details=args.enable_prompt_tokens_details)
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        kv_connector=args.kv_connector,
+        push_registration_timeout_s=args.push_registration_timeout,
+        fault_kv_unreachable=args.fault_kv_unreachable)
     validate_config(cfg)
     return cfg
 
