@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import json
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -235,6 +236,8 @@ def logs_dir(path: str | None) -> Iterator[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM (a timeout, an operator) unwinds like Ctrl-C: the engines are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     doc = handoff_lab.__doc__
     ap = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
     ap.add_argument("--requests", type=int, default=3, help="requests per length and mode")

@@ -419,7 +419,7 @@ def test_the_console_follows_a_dark_system_theme(controller: ControllerProc, con
 
     with Load(controller.url, workers=3) as load, browser(tmp_path, "dark") as page:
         page.wait_for_timeout(4_000)
-        for name, charts in (("overview", 6), ("transfer", 4), ("pools", 4)):
+        for name, charts in (("overview", 6), ("transfer", 5), ("pools", 4)):
             open_page(page, console, name)
             expect(page.locator(DRAWN)).to_have_count(charts, timeout=30_000)
             app = page.locator('[data-testid="stApp"]')

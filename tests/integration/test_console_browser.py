@@ -161,11 +161,11 @@ def test_console_in_chromium(controller: ControllerProc, console: str, tmp_path:
             lambda: controller.get("/cluster")["pools"]["decode"]["desired"]["size"] == 2,
             10, "desired decode size 2")
         controller.wait_converged(timeout=60)
-        expect(page.get_by_text("desired 2 x TP2 · converged")).to_be_visible(
+        expect(page.get_by_text("desired 2 x TP2 · KV pull · converged")).to_be_visible(
             timeout=15_000)
         page.wait_for_timeout(1000)  # progress bars animate
         shoot(page, "controls")
     assert not load.result.failures, load.result.failures[:5]
     events = controller.get("/events?kind=pool.update")
     assert events[0]["actor"] == "pdctl-console"
-    assert events[0]["after"] == {"size": 2, "tp": 2}
+    assert events[0]["after"] == {"size": 2, "tp": 2, "kv_mode": "pull"}

@@ -71,6 +71,7 @@ def test_planner_page_applies_a_recommendation_and_changes_a_target(
     assert controller.get("/planner")["ttft_ms"] == 1500.0
     pools = controller.get("/events", kind="pool.update")
     assert {e["actor"] for e in pools} == {"pdctl-console"}
-    assert {"size": 2, "tp": 4} in [e["after"] for e in pools if e["target"] == "prefill"]
+    assert {"size": 2, "tp": 4, "kv_mode": "pull"} in [e["after"] for e in pools
+                                                  if e["target"] == "prefill"]
     changed = controller.get("/events", kind="planner.update")[0]
     assert changed["actor"] == "pdctl-console" and changed["after"]["ttft_ms"] == 1500.0
