@@ -100,13 +100,13 @@ def replay_to_end(argv: list[str], log: Path, fleet: ProcessFleet, timeout_s: fl
             proc.wait()
 
 
-def fill_from_replay(run: PolicyRun, data: dict[str, Any], scale: float) -> None:
-    """The replay's own summary, its times made modelled (divided by ``scale``)."""
+def fill_replay_common(run: Any, data: dict[str, Any], scale: float) -> None:
+    """What every replay benchmark reads from ``pdctl replay``'s summary onto its run (any
+    object with these fields), its times made modelled (divided by ``scale``)."""
     s = data["summary"]["all"]
     run.requests, run.ok = s["requests"], s["ok"]
     run.failed_by_reason = dict(s["failed_by_reason"])
-    run.refused = sum(n for r, n in run.failed_by_reason.items() if r.startswith("http 429"))
-    run.failed = s["failed"] - run.refused
+    run.failed = s["failed"]
 
     def modelled(v: float | None) -> float:
         return math.nan if v is None else v / scale
@@ -118,6 +118,14 @@ def fill_from_replay(run: PolicyRun, data: dict[str, Any], scale: float) -> None
     run.goodput = s["goodput"]["requests"]
     run.wall_s = float(data["wall_s"])
     run.goodput_per_s = run.goodput / (run.wall_s / scale) if run.wall_s else math.nan
+
+
+def fill_from_replay(run: PolicyRun, data: dict[str, Any], scale: float) -> None:
+    """The replay's own summary, its times made modelled (divided by ``scale``)."""
+    fill_replay_common(run, data, scale)
+    s = data["summary"]["all"]
+    run.refused = sum(n for r, n in run.failed_by_reason.items() if r.startswith("http 429"))
+    run.failed = s["failed"] - run.refused
     if s["cache_hit_rate"] is not None:
         run.client_cached_share = float(s["cache_hit_rate"])
 

@@ -20,7 +20,13 @@ from bench.fleet import ControllerProc, start_controller
 from bench.processes import FleetError, ProcessFleet, wait_until
 from bench.scenarios.cache.model import CACHE_HARDWARE as HARDWARE
 from bench.scenarios.cache.model import DECODE, MODEL, NODES, PREFILL, TP
-from bench.scenarios.cache.trace_run import engine_urls, grown, replay_to_end, scrape_engines
+from bench.scenarios.cache.trace_run import (
+    engine_urls,
+    fill_replay_common,
+    grown,
+    replay_to_end,
+    scrape_engines,
+)
 from bench.scenarios.handoff.model import (
     LOCAL,
     SLO,
@@ -68,21 +74,7 @@ def handoff_replay_argv(o: HandoffOptions, w: Workload, url: str, out: Path) -> 
 
 def fill_handoff_run(run: HandoffRun, data: dict[str, Any], scale: float) -> None:
     """The replay's summary and its rows' mean TTFT, made modelled (divided by ``scale``)."""
-    s = data["summary"]["all"]
-    run.requests, run.ok = s["requests"], s["ok"]
-    run.failed = s["failed"]
-    run.failed_by_reason = dict(s["failed_by_reason"])
-
-    def modelled(v: float | None) -> float:
-        return math.nan if v is None else v / scale
-
-    t = s["ttft_ms"]
-    run.ttft_p50_ms, run.ttft_p90_ms, run.ttft_p99_ms = (modelled(t[q])
-                                                         for q in ("p50", "p90", "p99"))
-    run.gap_p99_ms = modelled(s["gap_p99_ms"])
-    run.goodput = s["goodput"]["requests"]
-    run.wall_s = float(data["wall_s"])
-    run.goodput_per_s = run.goodput / (run.wall_s / scale) if run.wall_s else math.nan
+    fill_replay_common(run, data, scale)
     rows = [r for r in data["requests"] if r["ok"] and r["ttft_ms"] is not None]
     if rows:
         run.ttft_mean_ms = statistics.fmean(r["ttft_ms"] for r in rows) / scale
@@ -91,8 +83,6 @@ def fill_handoff_run(run: HandoffRun, data: dict[str, Any], scale: float) -> Non
                  if r["input_length"] >= lo and (hi is None or r["input_length"] < hi)]
         if ttfts:
             run.ttft_mean_by_class[name] = statistics.fmean(ttfts) / scale
-
-
 
 
 def reason_kind(decision: str | None, reason: str | None) -> str:
