@@ -27,6 +27,10 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0
 
 # Inter-token gaps: 1 ms to about 10 s, each bucket 25 % wider than the one before, so that a
 # quantile read back from the counts is within one bucket (25 %) of the true one.
+# vLLM's request histograms' buckets: end-to-end seconds, and tokens in a 1-2-5 series.
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5))
 GAP_BUCKETS = tuple(round(0.001 * 1.25**k, 6) for k in range(42))
 
 
@@ -127,7 +131,10 @@ class IndexCollector(Collector):
 
 
 class Metrics:
-    def __init__(self) -> None:
+    """The controller's metrics; ``model_name``: the served model's public name, the label of
+    the request histograms (as vLLM's ``model_name``)."""
+
+    def __init__(self, model_name: str = "") -> None:
         r = self.registry = CollectorRegistry()
         self.requests = Counter("pdctl_requests", "Client requests by path and status",
                                 ["path", "status"], registry=r)
@@ -160,6 +167,17 @@ class Metrics:
         self.admission_refused = Counter(
             "pdctl_admission_refused", "Client requests answered 429 by admission control "
             "(routing.max_inflight, routing.max_inflight_per_instance)", registry=r)
+        # The ecosystem's request histograms (vLLM's e2e_request_latency_seconds,
+        # request_prompt_tokens, request_generation_tokens), of the requests that completed.
+        self.e2e = Histogram("pdctl_e2e_request_latency_seconds", "Client-visible end-to-end "
+                             "request latency", ["model_name"], buckets=E2E_BUCKETS,
+                             registry=r).labels(model_name)
+        self.prompt_tokens = Histogram("pdctl_request_prompt_tokens", "Prompt tokens per "
+                                       "request", ["model_name"], buckets=TOKEN_BUCKETS,
+                                       registry=r).labels(model_name)
+        self.output_tokens = Histogram("pdctl_request_generation_tokens", "Generated tokens "
+                                       "per request", ["model_name"], buckets=TOKEN_BUCKETS,
+                                       registry=r).labels(model_name)
         self._parts = [(f"{name}_ms", self.component.labels(name)) for name in PARTS]
         self.gaps = GapHistogram()
         r.register(self.gaps)
@@ -192,6 +210,9 @@ class Metrics:
         if gaps:
             self.gaps.observe_many(gaps)
         self.ttft.labels(rec.path.value).observe(rec.ttft_ms / 1e3)
+        self.e2e.observe(rec.e2e_ms / 1e3)
+        self.prompt_tokens.observe(rec.prompt_tokens)
+        self.output_tokens.observe(rec.output_tokens)
         for attr, child in self._parts:
             child.observe(getattr(rec, attr) / 1e3)
         if rec.itl_ms > 0:

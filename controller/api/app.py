@@ -75,7 +75,7 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
     fleet, table = build_fleet(settings, store, launcher or make_launcher(settings),
                                httpx.AsyncClient(timeout=httpx.Timeout(5.0)))
     upstream = H1Upstream(lambda: table.settings.request_timeout_s)  # the live value
-    metrics = Metrics()
+    metrics = Metrics(settings.model.public_name)
     metrics.registry.register(FleetCollector(fleet))
     requests = RequestLog(settings.controller.request_buffer)
     proxy = Proxy(settings, table, upstream,

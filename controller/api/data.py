@@ -21,6 +21,7 @@ from controller.api.state import AppState, app_state
 from controller.errors import PayloadTooLarge, RequestTimeout, RoutingError
 from controller.router.answer import Answer, error_body, internal_error
 from controller.router.proxy import Proxy
+from controller.router.request import trace_context
 
 log = logging.getLogger("pdctl.router")
 data_routes = APIRouter()
@@ -100,15 +101,26 @@ async def _read_body(receive: Receive, limits: BodyLimits) -> bytes | None:
                              "(controller.body_timeout_s)") from None
 
 
-def _request_headers(scope: Scope) -> tuple[str | None, bytes | None]:
-    """The request's ``X-Request-Id`` and media type (``Content-Type`` without parameters)."""
-    rid = media = None
+@dataclass(frozen=True)
+class _Headers:
+    rid: str | None
+    media: bytes | None  # ``Content-Type`` without parameters
+    trace: tuple[tuple[str, str], ...]  # the W3C trace context both hops carry
+
+
+def _request_headers(scope: Scope) -> _Headers:
+    """What the router reads of a request's headers."""
+    rid = media = traceparent = tracestate = None
     for name, value in scope["headers"]:
         if name == b"x-request-id":
             rid = bytes(value).decode("latin-1")
         elif name == b"content-type":
             media = bytes(value).partition(b";")[0].strip().lower()
-    return rid, media
+        elif name == b"traceparent":
+            traceparent = bytes(value).decode("latin-1")
+        elif name == b"tracestate":
+            tracestate = bytes(value).decode("latin-1")
+    return _Headers(rid, media, trace_context(traceparent, tracestate))
 
 
 async def _watch(receive: Receive, task: asyncio.Task[Any], ex: _Exchange) -> None:
@@ -123,17 +135,17 @@ async def _watch(receive: Receive, task: asyncio.Task[Any], ex: _Exchange) -> No
 
 async def serve_request(proxy: Proxy, endpoint: str, scope: Scope, receive: Receive,
                         send: Send, loop: asyncio.AbstractEventLoop, limits: BodyLimits) -> None:
-    rid, media = _request_headers(scope)
+    h = _request_headers(scope)
     ex = _Exchange(send)
     try:
         raw = await _read_body(receive, limits)
     except RoutingError as exc:
-        ctx = proxy.refused(endpoint, rid, exc)
+        ctx = proxy.refused(endpoint, h.rid, exc)
         ex.close = True  # the rest of the body is not read: close after the answer
     else:
         if raw is None:
             return
-        ctx = proxy.new_ctx(endpoint, raw, rid, media)
+        ctx = proxy.new_ctx(endpoint, raw, h.rid, h.media, h.trace)
     task = asyncio.current_task(loop)
     assert task is not None
     watch = loop.create_task(_watch(receive, task, ex))

@@ -15,6 +15,7 @@ from controller.router.sse import (
     DONE,
     DONE_EVENT,
     TAIL_BYTES,
+    EventFramer,
     error_event,
     last_event,
     strip_router_fields,
@@ -84,7 +85,7 @@ class Answer:
     answer, a stream the engine refused); otherwise ``relay`` writes the stream."""
 
     __slots__ = ("status", "content_type", "body", "error", "headers", "outcome", "tail",
-                 "done", "_ctx", "_resp")
+                 "done", "_ctx", "_resp", "_last_at")
 
     def __init__(self, status: int, content_type: str, body: bytes | None,
                  error: str | None = None, ctx: Ctx | None = None,
@@ -96,6 +97,7 @@ class Answer:
         self.tail = b""
         self.done = False  # the stream's last event was written
         self._ctx, self._resp = ctx, resp
+        self._last_at: float | None = None  # when the last events were written (relay)
 
     @classmethod
     def failure(cls, exc: BaseException) -> Answer:
@@ -111,35 +113,20 @@ class Answer:
         return self.body is None
 
     async def relay(self, write: Write) -> None:
-        """Write the decode stream to the client: the router's usage chunk dropped, the last
-        event written with the end of the body, and an engine that breaks off mid-stream
-        (tokens already sent, so no retry) ending the stream with an error event."""
+        """Write the decode stream to the client, whole events at a time (``EventFramer``:
+        an event split across reads is edited once it is whole): the router's usage event
+        dropped, its fields removed, the last event written with the end of the body, and an
+        engine that breaks off mid-stream (tokens already sent, so no retry) ending the
+        stream with an error event."""
         assert self._resp is not None and self._ctx is not None
-        strip = self._ctx.strip_usage
-        gaps, last_at = self._ctx.gaps, None
+        framer = EventFramer()
         try:
-            async for chunk in self._resp.chunks():
-                if chunk != DONE_EVENT:
-                    # What the client feels between tokens: one gap per chunk read (events
-                    # that arrive together have none between them); the first chunk is the
-                    # one the attempt read, at ``first_at``.
-                    now = time.perf_counter()
-                    if last_at is None:
-                        last_at = self._ctx.first_at or now
-                    else:
-                        gaps.append(now - last_at)
-                        last_at = now
-                self.tail = (self.tail + chunk)[-TAIL_BYTES:]
-                if self.done:
-                    continue  # after [DONE]: only the upstream's end of body is left to read
-                if strip:
-                    chunk = strip_usage_event(chunk)
-                    if not chunk:
-                        continue
-                chunk = strip_router_fields(chunk)
-                last = chunk.endswith(DONE_EVENT)
-                self.done = self.done or last
-                await write(chunk, not last)
+            async for read in self._resp.chunks():
+                self.tail = (self.tail + read)[-TAIL_BYTES:]
+                if not self.done:
+                    await self._forward(framer.feed(read), write)
+            if not self.done:
+                await self._forward(framer.flush(), write)
             self.outcome = "ok"
         except UpstreamError as exc:
             if self.done:
@@ -148,6 +135,32 @@ class Answer:
             self.outcome, self.error = "error", f"decode instance failed mid-stream: {exc}"
             self.done = True
             await write(error_event(self.error), False)
+
+    async def _forward(self, events: bytes, write: Write) -> None:
+        """Edit and write whole events (nothing after the end marker: only the upstream's end
+        of body is left to read then)."""
+        if not events:
+            return
+        ctx = self._ctx
+        assert ctx is not None
+        if events != DONE_EVENT:
+            # What the client feels between tokens: one gap per write of events (events that
+            # arrive together have none between them); the first is the one the attempt
+            # read, at ``first_at``.
+            now = time.perf_counter()
+            if self._last_at is None:
+                self._last_at = ctx.first_at or now
+            else:
+                ctx.gaps.append(now - self._last_at)
+                self._last_at = now
+        if ctx.strip_usage:
+            events = strip_usage_event(events)
+            if not events:
+                return
+        events = strip_router_fields(events)
+        last = events.endswith(DONE_EVENT)
+        self.done = self.done or last
+        await write(events, not last)
 
     def result(self, exc: BaseException | None) -> tuple[str, dict[str, Any] | None, str | None]:
         """How the request ended (status, final JSON or last event, error) once the client's

@@ -36,7 +36,10 @@ class Hops:
         self._late_s, self.clock = late_s, clock
 
     def headers(self, ctx: Ctx) -> dict[str, str]:
-        return {"X-Request-Id": ctx.rid, "Content-Type": "application/json"}
+        headers = {"X-Request-Id": ctx.rid, "Content-Type": "application/json"}
+        if ctx.trace:
+            headers.update(ctx.trace)
+        return headers
 
     def sending(self, ctx: Ctx) -> float:
         """Now; on the request's first hop also observe the routing decision's latency

@@ -123,7 +123,8 @@ class Proxy(PullHandoff, PushHandoff):
     # ---- entry -----------------------------------------------------------------------
 
     def new_ctx(self, endpoint: str, raw: bytes, request_id: str | None,
-                media_type: bytes | None = b"application/json") -> Ctx:
+                media_type: bytes | None = b"application/json",
+                trace: tuple[tuple[str, str], ...] = ()) -> Ctx:
         """The request's context; one whose body the engines would refuse carries its
         ``rejection`` (answered and recorded by ``serve``, sent to no engine)."""
         t0, started_at = time.perf_counter(), time.time()  # parsing and counting are in TTFT
@@ -140,7 +141,8 @@ class Proxy(PullHandoff, PushHandoff):
         self.arrived_prompt_tokens += prompt_tokens
         blocks = self._blocks(body) if self.table.wants_blocks else None
         return Ctx(rid=rid, endpoint=endpoint, body=body, stream=stream,
-                   prompt_tokens=prompt_tokens, t0=t0, started_at=started_at, blocks=blocks)
+                   prompt_tokens=prompt_tokens, t0=t0, started_at=started_at, blocks=blocks,
+                   trace=trace)
 
     def _blocks(self, body: dict[str, Any]) -> PromptBlocks | None:
         """The prompt's blocks for the cache-aware policy; None (routed by load) for token

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,24 @@ from controller.router.table import Lease
 
 _ID_PREFIX = f"pdctl-{os.urandom(6).hex()}-"
 _ID_SEQ = itertools.count(1)
+
+
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def trace_context(traceparent: str | None, tracestate: str | None) -> tuple[tuple[str, str], ...]:
+    """The client's W3C trace context, as the headers both hops carry: none for a missing or
+    malformed ``traceparent`` (W3C Trace Context: lower-case hex, not version ff, no all-zero
+    trace or parent id; a malformed one is ignored, with its ``tracestate``)."""
+    if traceparent is None:
+        return ()
+    value = traceparent.strip()
+    if (_TRACEPARENT.fullmatch(value) is None or value.startswith("ff-")
+            or value[3:35] == "0" * 32 or value[36:52] == "0" * 16):
+        return ()
+    if tracestate:
+        return (("traceparent", value), ("tracestate", tracestate.strip()))
+    return (("traceparent", value),)
 
 
 def new_request_id() -> str:
@@ -62,6 +81,7 @@ class Ctx:
     prefill_cached: int | None = None
     decode_cached_predicted: int | None = None
     decision: HandoffDecision | None = None  # the hand-off decision, once made
+    trace: tuple[tuple[str, str], ...] = ()  # the client's trace context, sent on every hop
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Server-sent events as the engines stream them: the end marker, the usage-only event the
+"""Server-sent events as the engines stream them: whole events from network reads (an event
+may arrive split across reads, or several in one), the end marker, the usage-only event the
 router may have asked for, the router's fields an event may carry, and the last event that
 carries usage and metrics."""
 
@@ -13,6 +14,35 @@ DONE_EVENT = b"data: [DONE]\n\n"
 TAIL_BYTES = 16384  # of a stream kept to find its last events
 ROUTER_FIELD = b'"kv_transfer_params"'
 EMPTY_CHOICES, EMPTY_CHOICES_SPACED = b'"choices":[]', b'"choices": []'
+
+
+class EventFramer:
+    """Whole events from a stream's reads: ``feed`` returns the complete events read so far
+    (ending with their blank line) and keeps a trailing part until the read that ends it, so
+    that what edits events never sees half of one. A read of whole events, the usual case,
+    passes through without a copy."""
+
+    __slots__ = ("_rest",)
+
+    def __init__(self) -> None:
+        self._rest = b""
+
+    def feed(self, read: bytes) -> bytes:
+        if not self._rest and read.endswith((b"\n\n", b"\r\n\r\n")):
+            return read
+        data = self._rest + read if self._rest else read
+        lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
+        cut = max(lf + 2 if lf >= 0 else -1, crlf + 4 if crlf >= 0 else -1)
+        if cut < 0:
+            self._rest = data
+            return b""
+        self._rest = data[cut:]
+        return data[:cut]
+
+    def flush(self) -> bytes:
+        """What the stream's end left unterminated (an engine that closed mid-event)."""
+        rest, self._rest = self._rest, b""
+        return rest
 
 
 def _empty_choices(event: bytes) -> bool:

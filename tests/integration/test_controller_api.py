@@ -123,6 +123,17 @@ def test_accounting_invariant_for_every_record(ctl: ControllerProc, sdk: openai.
                  'pdctl_instances{role="prefill",state="ready"} 1.0',
                  "pdctl_instance_running_requests{", "pdctl_instance_kv_cache_usage_ratio{"):
         assert name in text, name
+    # The request histograms in vLLM's form, labelled with the served model.
+    model = httpx.get(f"{ctl.url}/v1/models").json()["data"][0]["id"]
+    ok = [r for r in records if r["status"] == "ok"]
+
+    def sample(name: str) -> float:
+        prefix = f'{name}{{model_name="{model}"}} '
+        return float(next(x for x in text.splitlines() if x.startswith(prefix)).split()[-1])
+
+    assert sample("pdctl_e2e_request_latency_seconds_count") == len(ok)
+    assert sample("pdctl_request_prompt_tokens_sum") == sum(r["prompt_tokens"] for r in ok)
+    assert sample("pdctl_request_generation_tokens_sum") == sum(r["output_tokens"] for r in ok)
 
 
 def state_snapshot(ctl: ControllerProc) -> tuple[object, object, int]:

@@ -9,7 +9,9 @@
   (``/sim/fault``) under ``kv_load_failure_policy: recompute`` answers 200 while computing
   every prompt itself; the controller flags those requests, counts them per instance pair
   and raises them in ``/stats``; a healthy run (in both modes) raises nothing;
-- ``disagg_policy: slo`` records each request's decision and reason.
+- ``disagg_policy: slo`` records each request's decision and reason;
+- the client's W3C trace context reaches both engines of a disaggregated request, in pull
+  and push mode; a malformed one reaches neither.
 """
 
 from __future__ import annotations
@@ -63,6 +65,24 @@ def wait_for(check: Any, timeout_s: float = 20.0, what: str = "") -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def traced(ctl: ControllerProc, traceparent: str, stream: bool = False) -> str:
+    """Send one disaggregated request with a trace context; its request id."""
+    r = httpx.post(f"{ctl.url}/v1/completions", timeout=60,
+                   headers={"traceparent": traceparent, "tracestate": "vendor=1"},
+                   json={"model": "llama-3-70b", "prompt": f"traced {LONG_PROMPT}",
+                         "max_tokens": 3, "stream": stream})
+    assert r.status_code == 200, r.text
+    return r.headers["x-request-id"]
+
+
+def engine_traces(inst: dict[str, Any]) -> dict[str, str]:
+    got = httpx.get(f"{inst['url']}/sim/traces", timeout=10).json()["traces"]
+    return {t["request_id"]: t["traceparent"] for t in got}
+
+
 def handoff(ctl: ControllerProc) -> dict[str, Any]:
     h: dict[str, Any] = ctl.get("/stats", window_s=300)["handoff"]
     return h
@@ -92,6 +112,25 @@ def test_push_mode_serves_disaggregated_and_holds_nothing(tmp: Path) -> None:
                  what="the prefill's blocks freed after the writes")
         h = handoff(ctl)
         assert h["fallback_requests"] == 0 and not h["alerts"], h
+        rid = traced(ctl, TRACEPARENT, stream=True)  # both hops at once carry it too
+        assert engine_traces(p)[rid] == engine_traces(d)[rid] == TRACEPARENT
+    finally:
+        ctl.stop()
+
+
+def test_trace_context_reaches_both_hops_and_a_malformed_one_neither(tmp: Path) -> None:
+    ctl = start_controller(tmp, {"pools": {"prefill": {"size": 1, "tp": 4},
+                                           "decode": {"size": 1, "tp": 2}}})
+    try:
+        [p], [d] = ready(ctl, "prefill"), ready(ctl, "decode")
+        rid = traced(ctl, TRACEPARENT)
+        [rec] = records(ctl, 1)
+        assert rec["id"] == rid and rec["path"] == "disaggregated", rec
+        assert engine_traces(p)[rid] == engine_traces(d)[rid] == TRACEPARENT
+        bad = traced(ctl, "00-" + "0" * 32 + "-00f067aa0ba902b7-01")  # all-zero trace id
+        assert bad not in engine_traces(p) and bad not in engine_traces(d)
+        untraced = complete(ctl, 1).headers["x-request-id"]
+        assert untraced not in engine_traces(d)
     finally:
         ctl.stop()
 

@@ -11,8 +11,9 @@ import dataclasses
 import json
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -34,6 +35,8 @@ from controller.engines.sim.push import Pushed, Registration
 from controller.engines.sim.stream import RequestStream
 from controller.engines.sim.text import prompt_seed
 
+TRACES_KEPT = 256
+
 
 @dataclass(frozen=True)
 class SimState:
@@ -44,6 +47,9 @@ class SimState:
     ready_at: float  # time.monotonic() after which /health answers 200
     created: int
     kv_endpoint: dict[str, Any]  # how decode engines reach this engine's KV
+    # The trace context (W3C ``traceparent``) of the last generation requests that carried
+    # one, by request id: what vLLM would parent its request spans on (``GET /sim/traces``).
+    traces: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=TRACES_KEPT))
 
 
 def _state(request: Request) -> SimState:
@@ -96,6 +102,12 @@ async def info(request: Request) -> JSONResponse:
                 kv_push_waiting=st.engine.num_push_waiting,
                 kv_unreachable=st.engine.kv_unreachable)
     return JSONResponse(body)
+
+
+async def traces(request: Request) -> JSONResponse:
+    """The trace context of the last generation requests that carried one, oldest first."""
+    return JSONResponse({"traces": [{"request_id": rid, "traceparent": tp}
+                                    for rid, tp in _state(request).traces]})
 
 
 async def fault(request: Request) -> JSONResponse:
@@ -247,6 +259,9 @@ async def _generate(request: Request, chat: bool) -> Response:
     st = _state(request)
     request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
     headers = {"X-Request-Id": request_id}
+    traceparent = request.headers.get("traceparent")
+    if traceparent:
+        st.traces.append((request_id, traceparent))
     try:
         body = await _json(request)
     except EngineError as err:

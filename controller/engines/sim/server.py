@@ -78,6 +78,7 @@ def create_engine_app(cfg: SimEngineConfig, kv_transport: httpx.AsyncBaseTranspo
         Route(REGISTER_PATH, routes.kv_register, methods=["POST"]),
         Route(PUSHED_PATH, routes.kv_pushed, methods=["POST"]),
         Route("/sim/fault", routes.fault, methods=["GET", "POST"]),
+        Route("/sim/traces", routes.traces, methods=["GET"]),
         Route("/reset_prefix_cache", routes.reset_prefix_cache, methods=["POST"]),
     ], lifespan=lifespan)
     kv_endpoint = {"remote_engine_id": engine_id, "remote_host": advertised_host(cfg.host),
