@@ -279,7 +279,8 @@ def test_a_pool_change_survives_a_restart_of_the_controller(compose: Compose,
         assert cluster.pools[Role.PREFILL].desired.size == 0
         assert [i.role for i in cluster.instances if i.state == "ready"] == ["decode"]
         events = api.events(kind="pool.update")
-        assert events[0].actor == "compose-test" and events[0].after == {"size": 0, "tp": 1}
+        assert events[0].actor == "compose-test" and events[0].after == {"size": 0, "tp": 1,
+                                                                     "kv_mode": "pull"}
         body = complete(compose, LONG)
         rec = api.requests(limit=1)[0]
         assert rec.prompt_tokens == body["usage"]["prompt_tokens"]
