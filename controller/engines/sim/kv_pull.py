@@ -146,16 +146,8 @@ class KvPuller:
             return PullResult(0, 0, stale=True) if result is None else result
         body = {"remote_request_id": remote.request_id, "remote_engine_id": remote.engine_id,
                 "remote_block_ids": blocks}
-        try:
-            resp = await self._http().post(pull_url(remote.host, remote.port), json=body)
-        except httpx.HTTPError as exc:
-            raise KvPullError(f"prefill engine {where} unreachable "
-                              f"({type(exc).__name__}: {exc})") from exc
-        if resp.status_code == 404:
-            raise KvPullError(f"KV handshake with engine {remote.engine_id!r} at {where} "
-                              f"failed: {_detail(resp)}")
-        if resp.status_code != 200:
-            raise KvPullError(f"prefill engine {where} answered HTTP {resp.status_code}")
+        resp = await self._handshake(pull_url(remote.host, remote.port), body, where,
+                                     remote.engine_id)
         try:
             data = resp.json()
             if data.get("stale") is True:
@@ -196,18 +188,26 @@ class KvPuller:
                 raise KvPullError(f"KV handshake with engine {reg.remote_engine_id!r} at "
                                   f"{reg.remote_host}:{reg.remote_port} failed: {exc}") from exc
             return
-        where = f"{reg.remote_host}:{reg.remote_port}"
+        await self._handshake(kv_url(reg.remote_host, reg.remote_port, REGISTER_PATH),
+                              reg.body(), f"{reg.remote_host}:{reg.remote_port}",
+                              reg.remote_engine_id)
+
+    async def _handshake(self, url: str, body: dict[str, Any], where: str,
+                         engine_id: str) -> httpx.Response:
+        """POST a pull or a registration to a prefill engine: its 200 answer, or
+        ``KvPullError`` (unreachable, a failed handshake -- 404: not that engine -- or
+        another status)."""
         try:
-            resp = await self._http().post(kv_url(reg.remote_host, reg.remote_port,
-                                                  REGISTER_PATH), json=reg.body())
+            resp = await self._http().post(url, json=body)
         except httpx.HTTPError as exc:
             raise KvPullError(f"prefill engine {where} unreachable "
                               f"({type(exc).__name__}: {exc})") from exc
         if resp.status_code == 404:
-            raise KvPullError(f"KV handshake with engine {reg.remote_engine_id!r} at {where} "
+            raise KvPullError(f"KV handshake with engine {engine_id!r} at {where} "
                               f"failed: {_detail(resp)}")
         if resp.status_code != 200:
             raise KvPullError(f"prefill engine {where} answered HTTP {resp.status_code}")
+        return resp
 
     async def pushed(self, reg: Registration, done: Pushed) -> None:
         """Tell the decode engine that registered ``reg`` its KV was written (push mode);
