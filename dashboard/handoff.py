@@ -12,10 +12,9 @@ that should have gone through it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pandas as pd
 
+from dashboard.cards import Card
 from dashboard.frames import FALLBACK_FLAG
 from dashboard.timeline import Incident
 from pdctl_api.schema import HandoffPublic, StatsPublic, TimeseriesPublic
@@ -51,37 +50,27 @@ def policy_words(h: HandoffPublic) -> str:
     return f"policy `{h.policy}`: {POLICY_WORDS.get(h.policy, 'the controller’s own rule')}"
 
 
-@dataclass(frozen=True)
-class HandoffCard:
-    """One metric card: label, value, and the grey line under it (``delta``, not coloured)."""
-
-    label: str
-    value: str
-    delta: str | None = None
-    help: str | None = None
-
-
-def handoff_cards(h: HandoffPublic) -> tuple[HandoffCard, ...]:
+def handoff_cards(h: HandoffPublic) -> tuple[Card, ...]:
     """Decided disaggregated and local (shares of the decided), served disaggregated, found
     no prefill instance, silent fallbacks."""
     n = decided(h)
     return (
-        HandoffCard("Decided disaggregated", f"{h.decided_disaggregated:,}",
+        Card("Decided disaggregated", f"{h.decided_disaggregated:,}",
                     f"{share(h.decided_disaggregated, n)} of {n:,} decided",
                     "requests the hand-off decision sent through a prefill instance"),
-        HandoffCard("Decided local", f"{h.decided_local:,}",
+        Card("Decided local", f"{h.decided_local:,}",
                     f"{share(h.decided_local, n)} of {n:,} decided",
                     "requests the decision kept on their decode instance (colocated)"),
-        HandoffCard("Served disaggregated", f"{h.served_disaggregated:,}",
+        Card("Served disaggregated", f"{h.served_disaggregated:,}",
                     f"{share(h.served_disaggregated, h.decided_disaggregated)} of decided"
                     if h.decided_disaggregated else "none decided",
                     "requests that went through a prefill instance (a failed prefill hop is "
                     "served colocated although decided disaggregated)"),
-        HandoffCard("No prefill instance", f"{h.no_prefill:,}",
+        Card("No prefill instance", f"{h.no_prefill:,}",
                     "would have gone disaggregated" if h.no_prefill else None,
                     "requests that would have gone disaggregated but found no ready prefill "
                     "instance, served colocated"),
-        HandoffCard("Silent KV fallbacks", f"{h.fallback_requests:,}",
+        Card("Silent KV fallbacks", f"{h.fallback_requests:,}",
                     f"{len(h.fallback_pairs)} pair{'s' if len(h.fallback_pairs) != 1 else ''}"
                     if h.fallback_requests else "none",
                     "requests routed disaggregated whose decode engine computed the prompt "

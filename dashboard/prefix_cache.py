@@ -11,10 +11,9 @@ hits the engines do not give)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pandas as pd
 
+from dashboard.cards import Card
 from dashboard.frames import ROLE_NAMES
 from dashboard.timeline import Incident
 from dashboard.ui.figures import fmt_bytes
@@ -42,17 +41,7 @@ def fmt_drift(x: float | None) -> str:
     return "n/a" if x is None else f"{x:+.1%}"
 
 
-@dataclass(frozen=True)
-class CacheCard:
-    """One metric card: label, value, and the grey line under it (``delta``, not coloured)."""
-
-    label: str
-    value: str
-    delta: str | None = None
-    help: str | None = None
-
-
-def cache_cards(c: CachePublic) -> tuple[CacheCard, ...]:
+def cache_cards(c: CachePublic) -> tuple[Card, ...]:
     """Hit rate (reported, predicted beside it), tokens saved, decode KV bytes saved (and
     moved), drift."""
     reported = "not reported" if c.hit_rate is None else fmt_share(c.hit_rate)
@@ -63,20 +52,20 @@ def cache_cards(c: CachePublic) -> tuple[CacheCard, ...]:
     saved_share = f" ({c.decode_kv_bytes_saved / shared:.0%} of the prompts' KV)" if shared else ""
     source = "reported" if c.reported_tokens is not None else "predicted"
     return (
-        CacheCard("Prefix cache hit rate", reported, predicted,
+        Card("Prefix cache hit rate", reported, predicted,
                   f"prompt tokens the engines served from their prefix caches over the "
                   f"{c.prompt_tokens:,} prompt tokens of {c.requests:,} requests; predicted: "
                   "what the router expected from the engines' KV events"),
-        CacheCard("Prompt tokens saved", f"{c.tokens_saved:,}", source,
+        Card("Prompt tokens saved", f"{c.tokens_saved:,}", source,
                   "prompt tokens not computed again because an engine held their prefix "
                   "(as the engines report them; the router's prediction where they report "
                   "none)"),
-        CacheCard("Decode KV saved", fmt_bytes(c.decode_kv_bytes_saved),
+        Card("Decode KV saved", fmt_bytes(c.decode_kv_bytes_saved),
                   f"moved {fmt_bytes(moved)}",
                   "KV bytes decode instances did not pull over NIXL because they held those "
                   f"blocks already (predicted from the KV index){saved_share}; moved: the "
                   "KV pulled, modelled from the uncached prompt blocks"),
-        CacheCard("Prediction drift", fmt_drift(c.drift), drift_words(c.drift),
+        Card("Prediction drift", fmt_drift(c.drift), drift_words(c.drift),
                   "(predicted - reported cached tokens) / prompt tokens, over the requests "
                   "with both: 0 the block index agrees with the engines; positive the router "
                   "expects hits the engines do not give"),
