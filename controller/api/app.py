@@ -40,6 +40,7 @@ from controller.obs import prometheus
 from controller.obs.kv_fallback import FallbackWatch
 from controller.obs.kv_integrity import LeaseWatch
 from controller.obs.targets import Targets, TargetsCollector
+from controller.obs.tracing import RequestTracer
 from controller.planner.service import Planner
 from controller.requests_log import RequestLog
 from controller.router.h1 import H1Upstream
@@ -95,6 +96,8 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
     metrics.registry.register(TargetsCollector(lambda: targets.settings))
     proxy.targets = lambda: (targets.settings.ttft_p95_ms, targets.settings.gap_p99_ms)
     fallback = proxy.fallback = FallbackWatch(requests, metrics, store, settings.kv_block_size)
+    if settings.controller.otlp_traces_endpoint:
+        proxy.tracer = RequestTracer(settings.controller.otlp_traces_endpoint)
     return AppState(settings, store, fleet, table, proxy, requests, metrics, upstream,
                     ensure_token(state_dir), LeaseWatch(requests, metrics, store), planner,
                     targets,
@@ -140,6 +143,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             await st.fleet.registry.kv.close()
         prometheus.clear_targets(sd_file)
         await st.upstream.close()
+        if st.proxy.tracer is not None:
+            await asyncio.to_thread(st.proxy.tracer.close)  # the last spans, exported
         st.store.record("controller", "controller.stop", "controller")
         st.store.close()
 

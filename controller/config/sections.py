@@ -239,6 +239,9 @@ class ControllerSettings(Strict):
         "an idle keep-alive connection is closed after this"))
     body_timeout_s: float = Field(60.0, gt=0, description=(
         "a data-plane request whose body is not all there within this is answered 408"))
+    otlp_traces_endpoint: str | None = Field(None, description=(
+        "OTLP/HTTP traces endpoint (e.g. http://collector:4318/v1/traces): a span per client "
+        "request with its TTFT parts; needs the otel extra; off when unset"))
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description=(
         "a data-plane request body larger than this is answered 413"))
 

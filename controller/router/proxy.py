@@ -55,6 +55,7 @@ from controller.errors import (
 )
 from controller.metrics import Metrics
 from controller.models import Instance, RequestPath, RequestRecord, Role
+from controller.obs.tracing import RequestTracer
 from controller.requests_log import RequestLog
 from controller.router import handoff
 from controller.router.accounting import KvCosts, Measured, account
@@ -119,6 +120,7 @@ class Proxy(PullHandoff, PushHandoff):
             "max_num_batched_tokens", DEFAULT_CHUNK_TOKENS))
         self._router_queue_tokens = 0  # prompt tokens waiting for a prefill slot
         self.fallback: HopWatch | None = None  # the silent-fallback watch, when wired
+        self.tracer: RequestTracer | None = None  # request spans, when wired
 
     # ---- entry -----------------------------------------------------------------------
 
@@ -140,9 +142,12 @@ class Proxy(PullHandoff, PushHandoff):
         self.arrived += 1
         self.arrived_prompt_tokens += prompt_tokens
         blocks = self._blocks(body) if self.table.wants_blocks else None
+        span = None
+        if self.tracer is not None:  # the hops carry the request's span as their parent
+            span, trace = self.tracer.start(endpoint, trace, int(started_at * 1e9))
         return Ctx(rid=rid, endpoint=endpoint, body=body, stream=stream,
                    prompt_tokens=prompt_tokens, t0=t0, started_at=started_at, blocks=blocks,
-                   trace=trace)
+                   trace=trace, span=span)
 
     def _blocks(self, body: dict[str, Any]) -> PromptBlocks | None:
         """The prompt's blocks for the cache-aware policy; None (routed by load) for token
@@ -381,4 +386,6 @@ class Proxy(PullHandoff, PushHandoff):
             self.fallback.ended(rec)
         self.metrics.observe(rec, ctx.gaps)
         self.rates.observe(rec)
+        if ctx.span is not None and self.tracer is not None:
+            self.tracer.end(ctx.span, rec, int(ctx.started_at * 1e9))
         return rec

@@ -81,7 +81,8 @@ class Ctx:
     prefill_cached: int | None = None
     decode_cached_predicted: int | None = None
     decision: HandoffDecision | None = None  # the hand-off decision, once made
-    trace: tuple[tuple[str, str], ...] = ()  # the client's trace context, sent on every hop
+    trace: tuple[tuple[str, str], ...] = ()  # the trace context every hop carries
+    span: Any = None  # the request's OpenTelemetry span (``controller.obs.tracing``), if on
 
 
 @dataclass

@@ -25,3 +25,16 @@ TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 def test_trace_context(traceparent: str | None, tracestate: str | None,
                        forwarded: tuple[tuple[str, str], ...]) -> None:
     assert trace_context(traceparent, tracestate) == forwarded
+
+
+def test_tracing_without_the_otel_extra_is_a_clear_config_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from controller.errors import ConfigError
+    from controller.obs.tracing import RequestTracer
+
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                        None)  # as if the extra were not installed
+    with pytest.raises(ConfigError, match=r"pip install 'pdctl\[otel\]'"):
+        RequestTracer("http://127.0.0.1:4318/v1/traces")
