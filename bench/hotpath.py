@@ -70,7 +70,7 @@ def summarize(profile: Path, top: int) -> str:
                 if key not in seen:
                     seen.add(key)
                     total[key] += weight
-    lines = [f"{n} samples; own share (the frame itself):"]
+    lines = [f"{n:.1f} s of the main thread sampled; own share (the frame itself):"]
     lines += [f"  {100 * w / n:5.1f}%  {k}" for k, w in own.most_common(top)]
     lines.append("total share (the frame and what it calls):")
     lines += [f"  {100 * w / n:5.1f}%  {k}" for k, w in total.most_common(top)]
