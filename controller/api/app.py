@@ -23,7 +23,7 @@ from controller.api import cache, control, data, utilization
 from controller.api.asgi import ASGIApp
 from controller.api.gate import ControlGate
 from controller.api.state import AppState
-from controller.api.views import health_view
+from controller.api.views import health_view, readiness_view
 from controller.config import Settings
 from controller.errors import InvalidChange, PdctlError
 from controller.fleet import build_fleet
@@ -203,8 +203,25 @@ def create_app(settings: Settings, launcher: Launcher | None = None) -> FastAPI:
 
     @app.get("/healthz", response_model=HealthPublic)
     async def healthz() -> HealthPublic:
-        """Ready instances per pool; open without a token."""
+        """Liveness, with the ready instances per pool: 200 while the controller runs; open
+        without a token."""
         return health_view(app.state.pdctl.table)
+
+    @app.get("/health", response_model=HealthPublic)
+    async def health() -> HealthPublic:
+        """Liveness (vLLM's path): as ``/healthz``."""
+        return health_view(app.state.pdctl.table)
+
+    @app.get("/readyz", response_model=HealthPublic,
+             responses={503: {"model": HealthPublic, "description": "the fleet cannot serve"}})
+    async def readyz() -> JSONResponse:
+        """Readiness: 200 once the fleet can serve -- a ready decode instance, and a ready
+        prefill instance when the prefill pool's desired size is above 0 -- else 503 with
+        the reason; open without a token."""
+        st: AppState = app.state.pdctl
+        view = readiness_view(st.table, st.fleet.desired.targets[Role.PREFILL].size > 0)
+        return JSONResponse(view.model_dump(mode="json"),
+                            status_code=503 if view.reason else 200)
 
     @app.get("/metrics")
     async def metrics() -> Response:

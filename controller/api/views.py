@@ -146,6 +146,19 @@ def health_view(table: RoutingTable) -> HealthPublic:
     return HealthPublic(status="ok", ready={r: len(table.ready(r)) for r in Role})
 
 
+def readiness_view(table: RoutingTable, prefill_wanted: bool) -> HealthPublic:
+    """``/readyz``: whether the fleet can serve -- a ready decode instance, and a ready
+    prefill instance when the prefill pool is meant to have one (``prefill_wanted``: its
+    desired size is above 0, so long prompts are meant to be disaggregated)."""
+    ready = {r: len(table.ready(r)) for r in Role}
+    reason = None
+    if not ready[Role.DECODE]:
+        reason = "no ready decode instance"
+    elif prefill_wanted and not ready[Role.PREFILL]:
+        reason = "no ready prefill instance (the prefill pool's desired size is above 0)"
+    return HealthPublic(status="not ready" if reason else "ready", ready=ready, reason=reason)
+
+
 # ---- requests and their statistics ---------------------------------------------------------
 
 

@@ -195,10 +195,12 @@ class PoolPlanPublic(Public):
 
 
 class HealthPublic(Public):
-    """``GET /healthz`` (no token): ready instances per pool."""
+    """``GET /healthz`` (no token): ready instances per pool. ``GET /readyz``: the same, with
+    ``status`` "ready" (200) or "not ready" (503) and ``reason`` when not ready."""
 
     status: str
     ready: dict[Role, int]
+    reason: str | None = None
 
 
 class AccessPublic(Public):

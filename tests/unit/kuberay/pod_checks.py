@@ -93,10 +93,11 @@ def check_commands(m: Manifests) -> None:
     api = {p["containerPort"]: p for p in c.get("ports", [])}
     assert args.port in api, f"controller --port {args.port} is not a containerPort {list(api)}"
     assert args.host == "0.0.0.0", f"controller --host {args.host}: the Service needs 0.0.0.0"
-    probe = c.get("readinessProbe", {}).get("httpGet", {})
-    assert probe.get("path") == "/healthz", "controller: readiness probe is not /healthz"
-    assert probe.get("port") in (args.port, api[args.port].get("name")), \
-        f"controller: readiness probe port {probe.get('port')} is not --port {args.port}"
+    for kind, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        probe = c.get(kind, {}).get("httpGet", {})
+        assert probe.get("path") == path, f"controller: {kind} is not {path}"
+        assert probe.get("port") in (args.port, api[args.port].get("name")), \
+            f"controller: {kind} port {probe.get('port')} is not --port {args.port}"
     settings = settings_of(m)
     assert Path(args.state_dir) == settings.controller.state_dir, \
         "controller --state-dir differs from the config's controller.state_dir"
