@@ -99,5 +99,10 @@ class Overloaded(RoutingError, status=429, error_type="rate_limit_exceeded"):
     retry_after_s = 1
 
 
+class InvalidApiKey(RoutingError, status=401, error_type="invalid_request_error"):
+    """The data plane's API key (``controller.api_key``) is on and the request did not send
+    it as ``Authorization: Bearer <key>``."""
+
+
 class UpstreamUnreachable(RoutingError, status=502, error_type="upstream_unreachable"):
     """Connecting or talking to an engine failed before it answered (safe to retry)."""

@@ -9,6 +9,7 @@ per request (the disconnect watch). ``GET /v1/models`` is an ordinary FastAPI ro
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,7 @@ from starlette.requests import Request
 
 from controller.api.asgi import ASGIApp, Receive, Scope, Send
 from controller.api.state import AppState, app_state
-from controller.errors import PayloadTooLarge, RequestTimeout, RoutingError
+from controller.errors import InvalidApiKey, PayloadTooLarge, RequestTimeout, RoutingError
 from controller.router.answer import Answer, error_body, internal_error
 from controller.router.proxy import Proxy
 from controller.router.request import trace_context
@@ -175,18 +176,41 @@ async def _write_answer(answer: Answer, ex: _Exchange, rid: str) -> None:
         await ex.write(b"", False)
 
 
+def authorized(scope: Scope, expected: bytes) -> bool:
+    """The request sends ``expected`` (``Bearer <key>``) as its ``Authorization``."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            return hmac.compare_digest(bytes(value), expected)
+    return False
+
+
+async def refuse_unauthorized(send: Send) -> None:
+    """401 in OpenAI's shape; the connection is closed after it (its body is not read)."""
+    ex = _Exchange(send)
+    ex.close = True
+    status, body = error_body(InvalidApiKey(
+        "missing or invalid API key: send it as 'Authorization: Bearer <key>'"))
+    await ex.respond(status, body, None, extra=[(b"www-authenticate", b"Bearer")])
+
+
 class DataPlane:
     """ASGI middleware: the OpenAI inference routes, straight to the proxy; everything else
-    (and the lifespan) goes on to the FastAPI app."""
+    (and the lifespan) goes on to the FastAPI app. With ``controller.api_key`` every
+    ``/v1/*`` request must send it as a bearer token."""
 
     def __init__(self, app: ASGIApp, state: AppState) -> None:
         self.app = app
         self.proxy = state.proxy
         cs = state.settings.controller
         self.limits = BodyLimits(cs.max_body_bytes, cs.body_timeout_s)
+        self._key = f"Bearer {cs.api_key}".encode() if cs.api_key else None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (self._key is not None and scope["type"] == "http"
+                and scope["path"].startswith("/v1/") and not authorized(scope, self._key)):
+            await refuse_unauthorized(send)
+            return
         if (scope["type"] == "http" and scope["path"] in ENDPOINTS
                 and scope["method"] == "POST"):
             loop = self._loop

@@ -101,6 +101,10 @@ def add_replay_parser(sub: SubParsers) -> None:
     p.add_argument("trace", type=Path, metavar="TRACE", help="the trace file")
     p.add_argument("--controller", metavar="URL", default=os.environ.get("PDCTL_URL", DEFAULT_URL),
                    help=f"controller URL (env PDCTL_URL; default {DEFAULT_URL})")
+    p.add_argument("--api-key", metavar="KEY",
+                   default=os.environ.get("PDCTL_CONTROLLER__API_KEY"),
+                   help="the controller's data-plane API key, sent as a bearer token (env "
+                        "PDCTL_CONTROLLER__API_KEY, as the controller reads it)")
     p.add_argument("--time-scale", metavar="X", type=_positive_arg, default=1.0,
                    help="wall seconds per trace second (0.1: 10x faster; default 1)")
     p.add_argument("--rate-scale", metavar="X", type=_positive_arg, default=1.0,
@@ -128,9 +132,9 @@ def add_replay_parser(sub: SubParsers) -> None:
     p.set_defaults(run=run_replay)
 
 
-def _served(url: str) -> tuple[str, int | None]:
+def _served(url: str, headers: dict[str, str]) -> tuple[str, int | None]:
     """The controller's model name and context length (``GET /v1/models``)."""
-    r = httpx.get(f"{url}/v1/models", timeout=10.0)
+    r = httpx.get(f"{url}/v1/models", timeout=10.0, headers=headers)
     r.raise_for_status()
     first = r.json()["data"][0]
     ctx = first.get("max_model_len")
@@ -142,7 +146,8 @@ def _say(text: str) -> None:
 
 
 async def _run_with_interrupt(url: str, model: str, plan: list[Planned], sl: Slice,
-                             timeout_s: float, text_prompts: bool = False) -> ReplayOutcome:
+                             timeout_s: float, text_prompts: bool = False,
+                             headers: dict[str, str] | None = None) -> ReplayOutcome:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -155,7 +160,7 @@ async def _run_with_interrupt(url: str, model: str, plan: list[Planned], sl: Sli
         loop.add_signal_handler(signal.SIGINT, on_interrupt)
     try:
         return await send_trace(url, model, plan, sl, stop, timeout_s,
-                                text_prompts=text_prompts)
+                                text_prompts=text_prompts, headers=headers)
     finally:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
@@ -174,8 +179,9 @@ def run_replay(args: argparse.Namespace) -> int:
         print(f"pdctl replay: {trace.path}: no request at or after {sl.start_s:g} s (the "
               f"trace spans {trace.span_s:,.1f} s)", file=sys.stderr)
         return 2
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
-        model, context = _served(url)
+        model, context = _served(url, headers)
     except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
         print(f"pdctl replay: cannot read the model from {url}/v1/models: {e}",
               file=sys.stderr)
@@ -199,7 +205,7 @@ def run_replay(args: argparse.Namespace) -> int:
             _say(f"replay: warning: {over} requests exceed the model's {context} tokens and "
                  "are sent as they are (--no-clamp)")
     outcome = asyncio.run(_run_with_interrupt(url, model, plan, sl, args.timeout_s,
-                                              args.text_prompts))
+                                              args.text_prompts, headers))
     summaries = by_class(outcome.rows, args.ttft_ms, args.gap_ms, outcome.wall_s)
     print(render(summaries, args.ttft_ms, args.gap_ms))
     if outcome.not_sent:

@@ -157,9 +157,11 @@ async def _ticker(progress: Progress, t_run: float) -> None:
 async def send_trace(url: str, model: str, plan: list[Planned], sl: Slice, stop: asyncio.Event,
                      timeout_s: float = 600.0, progress_out: TextIO = sys.stderr,
                      make_client: Callable[..., httpx.AsyncClient] = httpx.AsyncClient,
-                     text_prompts: bool = False) -> ReplayOutcome:
+                     text_prompts: bool = False,
+                     headers: dict[str, str] | None = None) -> ReplayOutcome:
     """Send ``plan`` on its schedule until done or ``stop`` is set; ``text_prompts``: text
-    prompts (``PromptMaker(text=True)``) instead of token ids."""
+    prompts (``PromptMaker(text=True)``) instead of token ids; ``headers``: on every request
+    (the API key)."""
     maker = PromptMaker(text=text_prompts)
     rows: list[ReplayRow] = []
     progress = Progress(len(plan), sl, progress_out)
@@ -175,7 +177,7 @@ async def send_trace(url: str, model: str, plan: list[Planned], sl: Slice, stop:
 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
     async with make_client(timeout=httpx.Timeout(timeout_s, connect=10.0),
-                           limits=limits) as client:
+                           limits=limits, headers=headers or {}) as client:
         t_run = time.monotonic()  # the client is made (its TLS context takes ~0.1 s)
         ticker = asyncio.create_task(_ticker(progress, t_run))
         stopper = asyncio.create_task(stop.wait())

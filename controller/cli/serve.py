@@ -37,6 +37,9 @@ def _common_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", type=Path,
                    help="state directory: token, SQLite store, engine logs (default .pdctl)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    p.add_argument("--api-key", help="the data plane's API key (as vLLM's): OpenAI clients "
+                   "send it as a bearer token on /v1/*, else 401. Off by default; the "
+                   "environment (PDCTL_CONTROLLER__API_KEY) keeps it out of the process list")
 
 
 def add_controller_parser(sub: SubParsers) -> None:
@@ -90,7 +93,7 @@ def add_engine_sim_parser(sub: SubParsers) -> None:
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     ctl: dict[str, Any] = {}
-    for flag in ("host", "port", "state_dir"):
+    for flag in ("host", "port", "state_dir", "api_key"):
         if getattr(args, flag, None) is not None:
             ctl[flag] = getattr(args, flag)
     return {"controller": ctl} if ctl else {}

@@ -239,6 +239,10 @@ class ControllerSettings(Strict):
         "an idle keep-alive connection is closed after this"))
     body_timeout_s: float = Field(60.0, gt=0, description=(
         "a data-plane request whose body is not all there within this is answered 408"))
+    api_key: str | None = Field(None, min_length=1, description=(
+        "the data plane's API key (as vLLM's --api-key): OpenAI clients send it as "
+        "'Authorization: Bearer <key>' on /v1/*, else 401; off when unset. Prefer the "
+        "environment (PDCTL_CONTROLLER__API_KEY) to the file"))
     otlp_traces_endpoint: str | None = Field(None, description=(
         "OTLP/HTTP traces endpoint (e.g. http://collector:4318/v1/traces): a span per client "
         "request with its TTFT parts; needs the otel extra; off when unset"))
