@@ -190,8 +190,8 @@ def write_controller_config(workdir: Path, config: dict[str, Any], file: str
 def start_controller(workdir: Path, config: dict[str, Any], *, name: str = "controller",
                      fleet: ProcessFleet | None = None, pdctl_root: Path | None = None,
                      log_level: str | None = None, wait: str = "up", timeout_s: float = 30.0,
-                     env: dict[str, str] | None = None, config_file: str | None = None
-                     ) -> ControllerProc:
+                     env: dict[str, str] | None = None, config_file: str | None = None,
+                     args: list[str] | None = None) -> ControllerProc:
     """Write ``config`` to ``workdir/<name>.yaml`` (or ``workdir/<config_file>``) and run
     ``pdctl controller`` on it.
 
@@ -199,6 +199,7 @@ def start_controller(workdir: Path, config: dict[str, Any], *, name: str = "cont
     unless it names them. ``pdctl_root``: run the controller's code from that source tree
     (this interpreter, ``PYTHONPATH`` = it, started in it) instead of this checkout.
     ``wait``: "up" (``/healthz`` answers), "converged" (also every pool converged) or "none".
+    ``args``: more command-line flags.
     With ``fleet`` the process is one of the fleet's (stopped with it); its log is
     ``workdir/<name>.log``.
     """
@@ -206,6 +207,7 @@ def start_controller(workdir: Path, config: dict[str, Any], *, name: str = "cont
     argv = [sys.executable, "-m", "controller.cli", "controller", "--config", str(cfg_path)]
     if log_level:
         argv += ["--log-level", log_level]
+    argv += args or []
     env = {"PYTHONUNBUFFERED": "1", **(env or {})}
     cwd = None
     if pdctl_root is not None:

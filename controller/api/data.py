@@ -20,6 +20,7 @@ from starlette.requests import Request
 from controller.api.asgi import ASGIApp, Receive, Scope, Send
 from controller.api.state import AppState, app_state
 from controller.errors import InvalidApiKey, PayloadTooLarge, RequestTimeout, RoutingError
+from controller.obs.logs import bind_request
 from controller.router.answer import Answer, error_body, internal_error
 from controller.router.proxy import Proxy
 from controller.router.request import trace_context
@@ -147,6 +148,7 @@ async def serve_request(proxy: Proxy, endpoint: str, scope: Scope, receive: Rece
         if raw is None:
             return
         ctx = proxy.new_ctx(endpoint, raw, h.rid, h.media, h.trace)
+    bind_request(ctx.rid, ctx.trace)  # what this request's log lines carry
     task = asyncio.current_task(loop)
     assert task is not None
     watch = loop.create_task(_watch(receive, task, ex))

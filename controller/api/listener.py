@@ -76,7 +76,8 @@ def protocol_class(header_timeout_s: float) -> type[HeaderTimeoutProtocol]:
 
 
 def server_config(app: Any, cs: ControllerSettings) -> uvicorn.Config:
-    return uvicorn.Config(app, host=cs.host, port=cs.port, log_level="warning",
+    # log_config=None: uvicorn's loggers go through the controller's own handler and format.
+    return uvicorn.Config(app, host=cs.host, port=cs.port, log_level="warning", log_config=None,
                           access_log=False, proxy_headers=False,
                           http=protocol_class(cs.header_timeout_s),
                           limit_concurrency=cs.max_connections,

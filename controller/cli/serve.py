@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import os
 import resource
 import sys
@@ -26,6 +25,7 @@ from controller.errors import ConfigError, InvalidChange
 from controller.launchers.process import spawn, stop_group
 from controller.models import InstanceState, Role
 from controller.obs import prometheus
+from controller.obs.logs import LOG_FORMATS, setup_logging
 from controller.signals import clean_stop_signals
 from controller.sizing import cpu_features
 
@@ -37,6 +37,10 @@ def _common_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", type=Path,
                    help="state directory: token, SQLite store, engine logs (default .pdctl)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    p.add_argument("--log-format", default="text", choices=list(LOG_FORMATS),
+                   help="text (default) or json: one object per line with a dated UTC "
+                        "timestamp, level, logger, message, and the request and trace ids "
+                        "of the client request it is about")
     p.add_argument("--api-key", help="the data plane's API key (as vLLM's): OpenAI clients "
                    "send it as a bearer token on /v1/*, else 401. Off by default; the "
                    "environment (PDCTL_CONTROLLER__API_KEY) keeps it out of the process list")
@@ -99,13 +103,6 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {"controller": ctl} if ctl else {}
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-
-
 def raise_fd_limit() -> tuple[int, int]:
     """Soft open-file limit up to the hard one: every open client request holds about two
     sockets (client and engine), so a 1,024 soft limit would refuse connections at about 500
@@ -165,7 +162,7 @@ def configured(verb: str, build: Callable[[], Settings]) -> Settings | None:
 
 
 def run_controller(args: argparse.Namespace) -> int:
-    _setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     settings = configured("controller", lambda: load_settings(args.config, **_overrides(args)))
     return 2 if settings is None else _serve(settings)
 
@@ -240,7 +237,7 @@ def _lab_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_lab(args: argparse.Namespace) -> int:
-    _setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     settings = configured("lab", lambda: lab_settings(args))
     if settings is None:
         return 2
