@@ -25,16 +25,18 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from controller.config import load_settings
 from controller.metrics import PART_BUCKETS, TTFT_BUCKETS
 from controller.obs import prometheus
 from dashboard import prom
-from tests.integration.harness import ControllerProc, Load, start_controller
+from tests.integration.harness import ControllerProc, Load, free_port, start_controller
 from tests.prometheus.test_compose import grafana_exprs
 
 pytestmark = pytest.mark.slow
@@ -309,3 +311,46 @@ def test_scaling_a_pool_changes_prometheus_targets(lab: Lab) -> None:
     check_delays(f"scale down, {gone} stopped", *watch_change(lab, None, gone, 90))
     lab.ctl.wait_converged()
     assert set(lab.active_engines()) == lab.file_targets()
+
+
+def test_http_service_discovery_finds_the_same_engines(
+        lab: Lab, prometheus_bin: str, tmp_path: Path) -> None:
+    """A cluster Prometheus with only ``http_sd_configs`` on the controller (the viewer token
+    as its credentials) discovers and scrapes the engines the targets file lists."""
+    port = free_port()
+    config = tmp_path / "http-sd.yml"
+    config.write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "2s", "scrape_timeout": "2s"},
+        "scrape_configs": [{"job_name": "engines-http-sd", "http_sd_configs": [{
+            "url": f"{lab.ctl.url}/api/v1/sd/engines", "refresh_interval": "1s",
+            # ``type`` explicit: Prometheus 2.42's HTTP SD sends the bare credentials without it.
+            "authorization": {"type": "Bearer", "credentials_file": str(
+                lab.ctl.state_dir / "viewer-token")}}]}]}))
+    proc = subprocess.Popen(prometheus.argv(prometheus_bin, config, tmp_path / "data",
+                                            f"127.0.0.1:{port}", "1h"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    seen: list[Any] = []
+    try:
+        def scraped() -> bool:
+            try:
+                data = httpx.get(f"http://127.0.0.1:{port}/api/v1/targets",
+                                 timeout=2).json()["data"]
+            except (httpx.HTTPError, ValueError):
+                return False
+            seen[:] = [data]
+            up = {t["labels"]["instance"]: t["labels"]["role"] for t in data["activeTargets"]
+                  if t["health"] == "up"}
+            return set(up) == lab.file_targets() and bool(up)
+
+        try:
+            wait_for(scraped, SD_APPLY_S + 3 * 2 + SLACK_S + 10, "the HTTP-discovered engines")
+        except AssertionError:
+            proc.terminate()
+            _, err = proc.communicate(timeout=30)
+            raise AssertionError(f"targets {seen}; prometheus: {err.decode()[-2000:]}") from None
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.communicate(timeout=30)
+    r = httpx.get(f"{lab.ctl.url}/api/v1/sd/engines", timeout=5)
+    assert r.status_code == 401  # not without a token
