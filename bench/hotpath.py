@@ -32,7 +32,7 @@ from bench.scenarios.router.model import ROUTER_PROMPT, ROUTING
 from bench.scenarios.router.traffic import Urls, request_fn
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.hotpath", description=__doc__.split(
         "\n\n")[0])
     ap.add_argument("--concurrency", type=int, default=64, help="closed-loop clients")
@@ -50,7 +50,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def summarize(profile: Path, top: int) -> str:
+def profile_summary(profile: Path, top: int) -> str:
     """Own and total shares of the sampled frames (speedscope's sampled profile)."""
     doc = json.loads(profile.read_text())
     frames = doc["shared"]["frames"]
@@ -78,7 +78,7 @@ def summarize(profile: Path, top: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
+    args = parse_args(argv)
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not args.no_profile and not Path(spy).exists():
         print("py-spy is not installed: pip install py-spy (or use --no-profile)")
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             if not profile.exists():
                 print(f"py-spy wrote no profile: {err.decode(errors='replace')[-500:]}")
                 return 1
-            print(summarize(profile, args.top))
+            print(profile_summary(profile, args.top))
             print(f"profile: {profile}")
     return 0
 

@@ -40,11 +40,11 @@ from controller.obs import prometheus
 from controller.obs.kv_fallback import FallbackWatch
 from controller.obs.kv_integrity import LeaseWatch
 from controller.obs.targets import Targets, TargetsCollector
-from controller.obs.tracing import RequestTracer
 from controller.planner.service import Planner
 from controller.requests_log import RequestLog
 from controller.router.h1 import H1Upstream
 from controller.router.proxy import Proxy
+from controller.router.tracing import RequestTracer
 from controller.store import Store
 from controller.token_file import ensure_token
 from controller.tokens import make_counter

@@ -20,7 +20,7 @@ discovery_routes = APIRouter(prefix="/api/v1", dependencies=[Security(BEARER),
 
 
 @discovery_routes.get("/sd/engines")
-async def engine_targets(st: State) -> list[dict[str, Any]]:
+async def sd_engines(st: State) -> list[dict[str, Any]]:
     """The serving engines as Prometheus HTTP SD target groups:
     ``[{"targets": ["host:port"], "labels": {"instance": ID, "role": ROLE}}, ...]``."""
     return prometheus.engine_targets(st.fleet.registry)

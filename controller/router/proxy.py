@@ -55,7 +55,6 @@ from controller.errors import (
 )
 from controller.metrics import Metrics
 from controller.models import Instance, RequestPath, RequestRecord, Role
-from controller.obs.tracing import RequestTracer
 from controller.requests_log import RequestLog
 from controller.router import handoff
 from controller.router.accounting import KvCosts, Measured, account
@@ -75,6 +74,7 @@ from controller.router.release import KvRelease
 from controller.router.request import Ctx, new_request_id
 from controller.router.serving import Serving
 from controller.router.table import Lease, RoutingTable
+from controller.router.tracing import RequestTracer
 from controller.router.upstream import Stream, Upstream, UpstreamError
 from controller.router.validate import Limits, check
 from controller.tokens import TokenCounter

@@ -82,7 +82,7 @@ class Ctx:
     decode_cached_predicted: int | None = None
     decision: HandoffDecision | None = None  # the hand-off decision, once made
     trace: tuple[tuple[str, str], ...] = ()  # the trace context every hop carries
-    span: Any = None  # the request's OpenTelemetry span (``controller.obs.tracing``), if on
+    span: Any = None  # the request's OpenTelemetry span (``controller.router.tracing``), if on
 
 
 @dataclass

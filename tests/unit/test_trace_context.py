@@ -32,7 +32,7 @@ def test_tracing_without_the_otel_extra_is_a_clear_config_error(
     import sys
 
     from controller.errors import ConfigError
-    from controller.obs.tracing import RequestTracer
+    from controller.router.tracing import RequestTracer
 
     monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter",
                         None)  # as if the extra were not installed

@@ -26,7 +26,7 @@ log = logging.getLogger("pdctl.tracing")
 OTEL_EXTRA = ("controller.otlp_traces_endpoint needs OpenTelemetry's SDK and OTLP exporter: "
               "pip install 'pdctl[otel]'")
 # The TTFT parts as child spans, in the order they happen (the record's fields, in ms).
-PARTS = (("queue", "queue_ms"), ("prefill", "prefill_ms"), ("kv_transfer", "transfer_ms"),
+SPAN_PARTS = (("queue", "queue_ms"), ("prefill", "prefill_ms"), ("kv_transfer", "transfer_ms"),
          ("decode_scheduling", "decode_sched_ms"))
 
 
@@ -90,7 +90,7 @@ class RequestTracer:
         if rec.status == "ok":
             context = set_span_in_context(span)
             at = start_ns
-            for name, field in PARTS:
+            for name, field in SPAN_PARTS:
                 ms = float(getattr(rec, field))
                 if ms <= 0:
                     continue
