@@ -48,6 +48,7 @@ class Fleet:
         cs = settings.controller
         self.guard = StartGuard(cs.crash_window_s, cs.quarantine_after)
         self._last_health: dict[str, float] = {}
+        self._early_check: dict[str, float] = {}  # when a router report last brought one
         self._tasks: set[asyncio.Task[Any]] = set()
         self._launching: dict[str, asyncio.Task[None]] = {}  # instance id -> its start
         self._wake = asyncio.Event()
@@ -90,10 +91,18 @@ class Fleet:
         return inst
 
     def unreachable(self, inst: Instance, error: str) -> None:
-        """The router could not reach ``inst``: record why and check it at the next tick."""
+        """The router could not reach ``inst``: record why and check it at the next tick --
+        once per health interval: the other requests that failed with it report it too, and
+        ``unhealthy_after`` counts checks a health interval apart, not failed requests (a
+        burst of reports must not fail the instance in milliseconds, before its process's
+        exit can be seen)."""
         self.registry.unreachable(inst, error)
-        self._last_health.pop(inst.id, None)
-        self._wake.set()
+        now = self.clock()
+        if now - self._early_check.get(inst.id, float("-inf")) >= \
+                self.settings.controller.health_interval_s:
+            self._early_check[inst.id] = now
+            self._last_health.pop(inst.id, None)
+            self._wake.set()
 
     # ---- a controller start -----------------------------------------------------------
 
@@ -175,6 +184,7 @@ class Fleet:
         await self._check_health()
         for iid in self.registry.purge():
             self._last_health.pop(iid, None)
+            self._early_check.pop(iid, None)
         for action in reconcile(self._plan_input(self.desired.targets)):
             await self._act(action)
 
@@ -227,7 +237,9 @@ class Fleet:
         elif ok:
             self.registry.healthy(inst)
         elif failed and self.registry.unhealthy(inst) >= self.settings.controller.unhealthy_after:
-            self._fail(inst, f"{inst.health_failures} failed health checks")
+            # An engine whose process has ended meanwhile failed for that reason.
+            ended = self.launcher.exit_reason(launched(inst)) if inst.handle else None
+            self._fail(inst, ended or f"{inst.health_failures} failed health checks")
 
     def capacity(self) -> FleetCapacity:
         """``(accelerators per node, nodes, instances per accelerator)``."""

@@ -151,6 +151,24 @@ async def test_failed_health_checks_fail_a_ready_instance(
     assert "decode-2" in launcher.stopped
 
 
+async def test_a_burst_of_router_reports_is_one_early_check_not_a_failure(
+        env: Env) -> None:
+    """Requests that failed together on one dead engine each report it: one early health
+    check, then the usual interval, so its process's exit can be seen first."""
+    fleet, launcher, clock, _ = env
+    await _ready_pools(env)
+    inst = _get(fleet, "decode-2")
+    launcher.healthy.discard("decode-2")
+    for _ in range(fleet.settings.controller.unhealthy_after + 2):
+        fleet.unreachable(inst, "connection reset")
+        await fleet.tick()
+    assert inst.state is InstanceState.READY and inst.health_failures == 1
+    for _ in range(fleet.settings.controller.unhealthy_after - 1):
+        clock.t += fleet.settings.controller.health_interval_s
+        await fleet.tick()
+    assert inst.state is InstanceState.FAILED
+
+
 async def test_invalid_change_changes_and_records_nothing(
         env: Env) -> None:
     fleet, _, _, store = env
