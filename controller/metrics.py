@@ -216,7 +216,7 @@ class Metrics:
                          prefill_waiting: Callable[[], int] = lambda: 0) -> None:
         self.registry.register(AdmissionCollector(inflight, limits, prefill_waiting))
 
-    def _child(self, metric: Any, *labels: str) -> Any:
+    def child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, looked up once: ``labels`` takes a lock each call."""
         key = (id(metric), labels)
         child = self._children.get(key)
@@ -225,12 +225,12 @@ class Metrics:
         return child
 
     def observe(self, rec: RequestRecord, gaps: Sequence[float] | None = None) -> None:
-        self._child(self.requests, rec.path.value, rec.status).inc()
+        self.child(self.requests, rec.path.value, rec.status).inc()
         if rec.status != "ok":
             return
         if gaps:
             self.gaps.observe_many(gaps)
-        self._child(self.ttft, rec.path.value).observe(rec.ttft_ms / 1e3)
+        self.child(self.ttft, rec.path.value).observe(rec.ttft_ms / 1e3)
         self.e2e.observe(rec.e2e_ms / 1e3)
         self.prompt_tokens.observe(rec.prompt_tokens)
         self.output_tokens.observe(rec.output_tokens)

@@ -141,16 +141,20 @@ def cluster_view(st: AppState) -> ClusterPublic:
         time_scale=s.sim.time_scale if s.backend == "sim" else 1.0)
 
 
+def _ready_counts(table: RoutingTable) -> dict[Role, int]:
+    return {r: len(table.ready(r)) for r in Role}
+
+
 def health_view(table: RoutingTable) -> HealthPublic:
     """``/healthz``: ready instances per pool."""
-    return HealthPublic(status="ok", ready={r: len(table.ready(r)) for r in Role})
+    return HealthPublic(status="ok", ready=_ready_counts(table))
 
 
 def readiness_view(table: RoutingTable, prefill_wanted: bool) -> HealthPublic:
     """``/readyz``: whether the fleet can serve -- a ready decode instance, and a ready
     prefill instance when the prefill pool is meant to have one (``prefill_wanted``: its
     desired size is above 0, so long prompts are meant to be disaggregated)."""
-    ready = {r: len(table.ready(r)) for r in Role}
+    ready = _ready_counts(table)
     reason = None
     if not ready[Role.DECODE]:
         reason = "no ready decode instance"

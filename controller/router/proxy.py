@@ -236,7 +236,8 @@ class Proxy(PullHandoff, PushHandoff):
                     slot = await self._prefill_slot(ctx)
                     disagg = slot is not None
             assert ctx.decision is not None
-            self.metrics.handoff.labels(settings.disagg_policy, ctx.decision.name).inc()
+            self.metrics.child(self.metrics.handoff, settings.disagg_policy,
+                               ctx.decision.name).inc()
             if disagg:
                 ctx.path = RequestPath.DISAGGREGATED  # also when cancelled during the hop
                 if ctx.decode_lease is not None:

@@ -27,7 +27,7 @@ OTEL_EXTRA = ("controller.otlp_traces_endpoint needs OpenTelemetry's SDK and OTL
               "pip install 'pdctl[otel]'")
 # The TTFT parts as child spans, in the order they happen (the record's fields, in ms).
 SPAN_PARTS = (("queue", "queue_ms"), ("prefill", "prefill_ms"), ("kv_transfer", "transfer_ms"),
-         ("decode_scheduling", "decode_sched_ms"))
+              ("decode_scheduling", "decode_sched_ms"))
 
 
 class TracingUnavailable(ConfigError):
