@@ -170,9 +170,9 @@ class Metrics:
             "reason (client_gone, decode_unavailable, late) and result (ok, failed)",
             ["reason", "result"], registry=r)
         self.kv_stuck_reads = Counter(
-            "pdctl_kv_stuck_reads", "Disaggregated streaming decode hops aborted (and served "
-            "colocated) because no token came within kv.late_hop_share of the lease: their KV "
-            "read was stuck", registry=r)
+            "pdctl_kv_stuck_reads", "Disaggregated streaming decode hops (and push-mode decode "
+            "hops, which always stream) aborted and served colocated because no token came "
+            "within kv.late_hop_share of the lease: their KV read or write was stuck", registry=r)
         self.kv_suspect = Counter(
             "pdctl_kv_suspect_requests", "Requests whose decode hop read KV blocks that the "
             "prefill engine reported as already freed (output may be wrong)", registry=r)

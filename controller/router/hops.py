@@ -52,10 +52,12 @@ class Hops:
 
     async def attempt(self, ctx: Ctx, inst: Instance, payload: bytes, resend: bool,
                        first_by: float | None = None,
-                       on_sent: Callable[[], None] | None = None) -> Stream:
-        """One decode hop to ``inst``: a stream whose first chunk is here (streaming, 200) or
-        the whole answer. Raises ``AttemptFailed`` for an unreachable engine, a lost
-        connection, a 5xx, or no first chunk by ``first_by`` (router clock)."""
+                       on_sent: Callable[[], None] | None = None,
+                       stream: bool | None = None) -> Stream:
+        """One decode hop to ``inst``: a stream whose first chunk is here (a streaming hop --
+        ``stream``, else the client's choice -- answering 200) or the whole answer. Raises
+        ``AttemptFailed`` for an unreachable engine, a lost connection, a 5xx, or no first
+        chunk by ``first_by`` (router clock)."""
         ctx.decode_sent = self.sending(ctx)
         try:
             resp = await self.upstream.open(f"{inst.url}{ctx.endpoint}", payload,
@@ -63,7 +65,7 @@ class Hops:
         except UpstreamError as exc:
             self.unreachable(ctx, inst, exc)
             raise self._failed(ctx, inst, str(exc), exc.sent) from None
-        if ctx.stream and resp.status == 200:
+        if (ctx.stream if stream is None else stream) and resp.status == 200:
             return await self._first_chunk(ctx, inst, resp, first_by)
         try:
             content = await resp.read()

@@ -13,6 +13,9 @@ What the KV contract rules of the pull mode (``controller.router.proxy``) mean h
   prefill's blocks waiting for a registration that will not come; once the prefill answers,
   its handle is released like a pull handle (a rejected request to a decode engine of the same
   mode makes vLLM notify the prefill).
+- *Whole answers*: the decode hop always streams, since its first token is the only sign
+  that the write landed; a non-streaming client gets the whole answer assembled from the
+  stream (``controller.router.assemble``).
 - *Expiry and stuck writes*: a decode engine frees a request's reserved blocks as soon as the
   request ends, whether or not the prefill has written them, so the router never ends the
   decode hop while the prefill may still write into those blocks: if the prefill hop fails,
@@ -34,6 +37,8 @@ import orjson
 
 from controller.models import Instance, Role
 from controller.router.accounting import EngineTimes, cached_tokens
+from controller.router.answer import Buffered, Prefetched
+from controller.router.assemble import AssembleError, assemble
 from controller.router.bodies import decode_body, prefill_answer, prefill_body, push_params
 from controller.router.hop_base import ProxyBase
 from controller.router.hops import AttemptFailed
@@ -76,20 +81,40 @@ class PushHandoff(ProxyBase):
             return None
         lease = slot if slot is not None else self.table.lease(prefill)
         ctx.cached_predicted = self._cached(ctx, lease)
+        # The decode hop always streams: its first token is the sign the write landed.
         body, ctx.strip_usage = decode_body(
-            ctx.body, push_params(prefill.kv_peer, ctx.endpoint, ctx.rid))
+            {**ctx.body, "stream": True}, push_params(prefill.kv_peer, ctx.endpoint, ctx.rid))
+        ctx.strip_usage = ctx.strip_usage and ctx.stream
         written: list[bool] = []
         self._hops.sending(ctx)
         p_task = asyncio.ensure_future(self._push_prefill_hop(ctx, prefill, lease))
         self._sent(ctx, decode, prefill)
         d_task = asyncio.ensure_future(self._hops.attempt(
             ctx, decode, orjson.dumps(body), resend=False,
-            on_sent=lambda: written.append(True)))
+            on_sent=lambda: written.append(True), stream=True))
         try:
-            return await self._push_outcome(ctx, p_task, d_task, written)
+            resp = await self._push_outcome(ctx, p_task, d_task, written)
         except asyncio.CancelledError:
             self._spawn(self._push_after_client(ctx, p_task, d_task, written))
             raise
+        if ctx.stream or not isinstance(resp, Prefetched):
+            return resp
+        return await self._whole(ctx, resp)
+
+    async def _whole(self, ctx: Ctx, resp: Prefetched) -> Stream | None:
+        """A non-streaming client's whole answer, assembled from the decode hop's stream
+        once its first token came; None (a colocated attempt) when the stream breaks off."""
+        where = ctx.decode.id if ctx.decode else "?"
+        try:
+            raw = await resp.read()
+            answer = assemble(raw)
+        except (UpstreamError, AssembleError) as exc:
+            ctx.errors.append(f"decode {where} failed mid-answer: {exc}")
+            ctx.retries += 1
+            return None
+        finally:
+            resp.close()
+        return Buffered(200, "application/json", orjson.dumps(answer))
 
     async def _push_outcome(self, ctx: Ctx, p_task: asyncio.Future[PrefillDone | None],
                             d_task: asyncio.Future[Stream], written: list[bool]
@@ -115,11 +140,10 @@ class PushHandoff(ProxyBase):
             await _close(d_task)
             return None
         ctx.kv_handle = done.handle
-        # A streaming hop's first token says the write landed; a whole answer says nothing
-        # until the end, so it is waited for (as in pull mode).
-        by = done.answered_at + self._late_s - self.clock() if ctx.stream else None
+        # The hop's first token says the write landed.
+        by = done.answered_at + self._late_s - self.clock()
         try:
-            async with asyncio.timeout(None if by is None else max(0.0, by)):
+            async with asyncio.timeout(max(0.0, by)):
                 return await asyncio.shield(d_task)
         except TimeoutError:
             await _close(d_task)

@@ -118,6 +118,39 @@ def test_push_mode_serves_disaggregated_and_holds_nothing(tmp: Path) -> None:
         ctl.stop()
 
 
+def test_a_stalled_push_write_is_served_colocated_streaming_or_not(tmp: Path) -> None:
+    """The prefill takes the registration and never writes (the real lab's failed push
+    handshake): the decode hop, which always streams, has no token kv.late_hop_share of the
+    lease after the prefill answered, so it is aborted and the request served colocated --
+    a non-streaming client too, before the decode engine's registration timeout (the lease)
+    and long before the request timeout."""
+    ctl = start_controller(tmp, {**PUSH, "kv": {"lease_s": 6}})  # late: 3 s
+    try:
+        [p] = ready(ctl, "prefill")
+        assert httpx.post(f"{p['url']}/sim/fault", json={"push_stalled": True},
+                          timeout=10).json()["push_stalled"] is True
+        for k, stream in enumerate((False, True)):
+            started = time.monotonic()
+            r = complete(ctl, k, stream=stream)
+            took = time.monotonic() - started
+            assert r.status_code == 200, r.text
+            assert 3.0 <= took < 6.0, took
+            if stream:
+                assert "data: [DONE]" in r.text and "kv_transfer_params" not in r.text
+            else:
+                assert r.json()["choices"][0]["text"] and "kv_transfer_params" not in r.json()
+            [rec] = records(ctl, 1)
+            assert rec["path"] == "colocated" and rec["kv_handle"], rec
+        metrics = httpx.get(f"{ctl.url}/metrics", timeout=10).text
+        assert "pdctl_kv_stuck_reads_total 2.0" in metrics
+        httpx.post(f"{p['url']}/sim/fault", json={"push_stalled": False}, timeout=10)
+        r = complete(ctl, 9)
+        assert r.status_code == 200 and records(ctl, 1)[0]["path"] == "disaggregated"
+        assert r.json()["usage"]["completion_tokens"] == 6  # assembled from the stream
+    finally:
+        ctl.stop()
+
+
 def test_trace_context_reaches_both_hops_and_a_malformed_one_neither(tmp: Path) -> None:
     ctl = start_controller(tmp, {"pools": {"prefill": {"size": 1, "tp": 4},
                                            "decode": {"size": 1, "tp": 2}}})

@@ -142,7 +142,7 @@ def test_the_fault_knob_recomputes_silently_and_counts_local_compute(
         fleet: PushFleet) -> None:
     p, dr = fleet.prefill, fleet.decode_recompute
     assert httpx.post(f"{dr.url}/sim/fault", json={"kv_unreachable": True}).json() == {
-        "kv_unreachable": True}
+        "kv_unreachable": True, "push_stalled": False}
     try:
         failed = metric(dr.url, FAILED)
         local = metric(dr.url, BY_SOURCE, source="local_compute")
@@ -160,7 +160,8 @@ def test_the_fault_knob_recomputes_silently_and_counts_local_compute(
         assert metric(dr.url, BY_SOURCE, source="external_kv_transfer") == external
     finally:
         httpx.post(f"{dr.url}/sim/fault", json={"kv_unreachable": False})
-    assert httpx.get(f"{dr.url}/sim/fault").json() == {"kv_unreachable": False}
+    assert httpx.get(f"{dr.url}/sim/fault").json() == {"kv_unreachable": False,
+                                                       "push_stalled": False}
 
 
 def test_a_pull_fleet_with_the_fault_flag_recomputes_too(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -285,7 +286,7 @@ async def test_a_pull_mode_prefill_refuses_registrations() -> None:
 async def test_the_fault_knob_makes_kv_loads_recompute_silently(http: bool) -> None:
     async with pair(http, decode_kw={"kv_load_failure_policy": "recompute"}) as s:
         set_fault = await s.decode.post("/sim/fault", json={"kv_unreachable": True})
-        assert set_fault.json() == {"kv_unreachable": True}
+        assert set_fault.json() == {"kv_unreachable": True, "push_stalled": False}
         p_resp, d_resp = await asyncio.gather(prefill_hop(s.prefill, "f1"),
                                               decode_hop(s.decode, "f1"))
         assert p_resp.status_code == 200 and d_resp.status_code == 200
@@ -299,6 +300,28 @@ async def test_the_fault_knob_makes_kv_loads_recompute_silently(http: bool) -> N
                                               decode_hop(s.decode, "f2"))
         assert d_resp.status_code == 200
         assert await metric(s.decode, FAILED) == 1
+
+
+async def test_a_stalled_prefill_takes_registrations_and_never_writes() -> None:
+    """The push_stalled knob (the real lab's failed prefill-to-decode handshake): the
+    registration is dropped and the decode hop waits until its registration timeout."""
+    async with pair(True, decode_kw={"push_registration_timeout_s": 0.5}) as s:
+        assert (await s.prefill.post("/sim/fault", json={"push_stalled": True})).json() \
+            == {"kv_unreachable": False, "push_stalled": True}
+        assert (await s.prefill.get("/sim/info")).json()["push_stalled"] is True
+        for bad in ({}, {"push_stalled": 1}, {"other": True}):
+            assert (await s.prefill.post("/sim/fault", json=bad)).status_code == 400
+        started = time.monotonic()
+        p_resp, d_resp = await asyncio.gather(prefill_hop(s.prefill, "st1"),
+                                              decode_hop(s.decode, "st1"))
+        assert p_resp.status_code == 200
+        assert d_resp.status_code == 500 and "did not push" in d_resp.json()["error"]["message"]
+        assert time.monotonic() - started >= 0.5
+        await until(lambda: s.p.num_kv_handles == 0)  # released by the decode engine
+        await s.prefill.post("/sim/fault", json={"push_stalled": False})
+        p_resp, d_resp = await asyncio.gather(prefill_hop(s.prefill, "st2"),
+                                              decode_hop(s.decode, "st2"))
+        assert d_resp.status_code == 200
 
 
 async def test_the_fault_knob_in_pull_mode() -> None:

@@ -91,6 +91,7 @@ class SimEngine(DecodeHops, PushHops):
         self._push_waits: dict[str, tuple[asyncio.Future[Pushed], RemoteKv]] = {}
         self._push_book = PushBook()
         self._writing: dict[str, Handle] = {}
+        self.push_stalled = False  # the fault knob (POST /sim/fault)
 
     # ---- requests ----------------------------------------------------------------------
 

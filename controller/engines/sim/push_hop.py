@@ -59,6 +59,7 @@ class PushHops:
     _push_waits: dict[str, tuple[asyncio.Future[Pushed], RemoteKv]]  # registered, not written
     _push_book: PushBook
     _writing: dict[str, Handle]  # prefill handles being written, out of the lease
+    push_stalled: bool  # the fault knob: registrations are taken and never written
 
     def _kick(self) -> None:
         raise NotImplementedError
@@ -181,6 +182,11 @@ class PushHops:
         if not self.push_mode:
             raise KvRefused(f"engine {self.engine_id!r} runs {self.cfg.kv_connector} (pull "
                             "mode) and takes no push registrations")
+        if self.push_stalled:
+            log.error("NIXL transfer failure: push_handshake_failed for request %s (fault "
+                      "injected: push_stalled); the registration is dropped",
+                      reg.request_id)
+            return False
         now = time.monotonic()
         self._prune_push(now)
         key = find_handle(self.scheduler.handles, reg.request_id)

@@ -100,7 +100,8 @@ async def info(request: Request) -> JSONResponse:
                 kv_handles=st.engine.num_kv_handles,
                 kv_push_registrations=st.engine.num_push_registrations,
                 kv_push_waiting=st.engine.num_push_waiting,
-                kv_unreachable=st.engine.kv_unreachable)
+                kv_unreachable=st.engine.kv_unreachable,
+                push_stalled=st.engine.push_stalled)
     return JSONResponse(body)
 
 
@@ -111,19 +112,29 @@ async def traces(request: Request) -> JSONResponse:
 
 
 async def fault(request: Request) -> JSONResponse:
-    """The fault knob: ``POST {"kv_unreachable": true|false}`` makes every prefill's side
+    """The fault knobs: ``POST {"kv_unreachable": true|false}`` makes every prefill's side
     channel unreachable from this engine (KV loads fail; with ``kv_load_failure_policy
-    recompute`` the client still gets its answer); ``GET`` reads it."""
+    recompute`` the client still gets its answer); ``POST {"push_stalled": true|false}``
+    makes this (prefill) engine take push registrations and never write them, as when its
+    handshake with the decode engine fails (the decode engine waits for its registration
+    timeout). ``GET`` reads both."""
     engine = _state(request).engine
     if request.method == "POST":
         try:
             body = await _json(request)
-            if not isinstance(body, dict) or not isinstance(body.get("kv_unreachable"), bool):
-                raise EngineError("expected {\"kv_unreachable\": true|false}")
+            knobs = ("kv_unreachable", "push_stalled")
+            if not isinstance(body, dict) or not body or set(body) - set(knobs) \
+                    or not all(isinstance(v, bool) for v in body.values()):
+                raise EngineError('expected {"kv_unreachable": true|false} and/or '
+                                  '{"push_stalled": true|false}')
         except EngineError as err:
             return _error(err, {})
-        engine.kv_unreachable = body["kv_unreachable"]
-    return JSONResponse({"kv_unreachable": engine.kv_unreachable})
+        if "kv_unreachable" in body:
+            engine.kv_unreachable = body["kv_unreachable"]
+        if "push_stalled" in body:
+            engine.push_stalled = body["push_stalled"]
+    return JSONResponse({"kv_unreachable": engine.kv_unreachable,
+                         "push_stalled": engine.push_stalled})
 
 
 _Check = tuple[Callable[[Any], bool], str]
