@@ -4,6 +4,7 @@ the REST API (status, scale, tp, kv-mode, route)."""
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 from collections.abc import Callable
 
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pdctl", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="Control plane for prefill/decode-disaggregated LLM serving.")
+    p.add_argument("--version", action="version", version=f"pdctl {package_version()}")
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     serve.add_lab_parser(sub)
     serve.add_controller_parser(sub)
@@ -38,6 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     clients.add_parsers(sub)
     replay.add_replay_parser(sub)
     return p
+
+
+def package_version() -> str:
+    """The installed pdctl's version (``pyproject.toml``); "unknown" when run uninstalled."""
+    try:
+        return importlib.metadata.version("pdctl")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

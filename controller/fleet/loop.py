@@ -248,7 +248,7 @@ class Fleet:
     def _plan_input(self, targets: dict[Role, PoolTarget]) -> FleetState:
         observed = tuple(
             Member(i.id, i.role, i.tp, i.state, self.table.inflight(i.id), i.created_at,
-                     i.drain_started_at, i.kv_mode)
+                     i.drain_started_at, i.kv_mode, self.table.handles_out(i.id))
             for i in self.registry.live())
         capacity = Capacity(*self.capacity(), self.registry.used_slots())
         return FleetState(targets, observed, capacity, self.clock(),

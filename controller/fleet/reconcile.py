@@ -33,6 +33,7 @@ class Member:
     created_at: float = 0.0
     drain_started_at: float | None = None
     kv_mode: str = "pull"
+    kv_handles: int = 0  # a prefill instance's KV handles not yet read, released or expired
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,12 @@ def _finish_drains(mine: Iterable[Member], now: float, timeout: float) -> list[A
     for i in mine:
         if i.state is not InstanceState.DRAINING:
             continue
-        if i.inflight == 0:
-            out.append(Stop(i.id, "drained: no requests in flight"))
+        if i.inflight == 0 and i.kv_handles == 0:
+            out.append(Stop(i.id, "drained: no requests in flight"
+                            + (", no KV handles out" if i.role is Role.PREFILL else "")))
         elif i.drain_started_at is not None and now - i.drain_started_at >= timeout:
-            out.append(Stop(i.id, f"drain timeout with {i.inflight} requests in flight"))
+            out.append(Stop(i.id, f"drain timeout with {i.inflight} requests in flight"
+                            + (f" and {i.kv_handles} KV handles out" if i.kv_handles else "")))
     return out
 
 

@@ -8,9 +8,11 @@ SIGKILL does not leave engines behind.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,15 +25,64 @@ from controller.launchers.base import EngineKind, EventPorts, Launched, Launcher
 PR_SET_PDEATHSIG = 1
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+PORT_FLOOR = 10000  # the lowest port chosen below the ephemeral range
+RECENT_PORTS = 512  # ports handed out lately, not handed out again (their engines may be starting)
+_recent: collections.deque[int] = collections.deque(maxlen=RECENT_PORTS)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port the OS reports free now (may be taken by the time it is used)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port free now (see ``free_ports``)."""
+    return free_ports(host, 1)[0]
 
 
 def free_ports(host: str, n: int) -> list[int]:
-    """``n`` distinct TCP ports free now on ``host`` (held open together while chosen)."""
+    """``n`` distinct TCP ports free now on ``host`` (held open together while chosen).
+
+    Chosen below the kernel's ephemeral range where it leaves room: every port a process
+    gets by binding port 0 -- vLLM's and torch's own picks inside an engine, ZMQ's -- comes
+    from that range, so none can take one of these between their choice and their use (seen:
+    a prefill engine's worker took its side-channel port first, and the engine hung at start
+    with "Address already in use"). Elsewhere, or when that range leaves no room, the OS's
+    choice of a free port."""
+    low = _ephemeral_low()
+    if low is None or low - PORT_FLOOR < 4 * RECENT_PORTS:
+        return _os_ports(host, n)
+    rng = random.SystemRandom()
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(64 * n):
+            if len(socks) == n:
+                break
+            port = rng.randrange(PORT_FLOOR, low)
+            if port in _recent or any(s.getsockname()[1] == port for s in socks):
+                continue
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((host, port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+        ports = [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+    if len(ports) < n:
+        return ports + _os_ports(host, n - len(ports))
+    _recent.extend(ports)
+    return ports
+
+
+def _ephemeral_low() -> int | None:
+    """The lowest port of the kernel's ephemeral range (Linux), else None."""
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _os_ports(host: str, n: int) -> list[int]:
     socks = []
     try:
         for _ in range(n):

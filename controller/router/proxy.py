@@ -382,6 +382,8 @@ class Proxy(PullHandoff, PushHandoff):
             decode_cached_predicted=ctx.decode_cached_predicted), self._costs)
         if ctx.decision is not None:
             rec.decision, rec.decision_reason = ctx.decision.name, ctx.decision.reason
+        if ctx.prefill is not None:
+            self.table.handle_done(ctx.prefill.id, ctx.rid)
         self.requests.add(rec)
         if self.fallback is not None:
             self.fallback.ended(rec)

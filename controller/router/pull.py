@@ -56,6 +56,7 @@ class PullHandoff(ProxyBase):
             ctx.prefill_cached = cached_tokens(data.get("usage"))
             ctx.prefill_times = EngineTimes.parse(data.get("metrics"))
             ctx.prefill_wall_ms = (time.perf_counter() - sent) * 1e3
+            self.table.handle_out(inst.id, ctx.rid, self._lease_s)
             return PrefillDone(inst, data["kv_transfer_params"], self.clock())
         log.warning("%s: prefill hop failed (%s); serving colocated", ctx.rid,
                     "; ".join(ctx.errors) or "no prefill instance")

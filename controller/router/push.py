@@ -178,6 +178,7 @@ class PushHandoff(ProxyBase):
         ctx.prefill_cached = cached_tokens(data.get("usage"))
         ctx.prefill_times = EngineTimes.parse(data.get("metrics"))
         ctx.prefill_wall_ms = (time.perf_counter() - sent) * 1e3
+        self.table.handle_out(inst.id, ctx.rid, self._lease_s)
         return PrefillDone(inst, data["kv_transfer_params"], self.clock())
 
     async def _push_after_client(self, ctx: Ctx, p_task: asyncio.Future[PrefillDone | None],

@@ -96,6 +96,9 @@ class RoutingTable:
         self._inflight: dict[str, int] = {}
         self._queued_tokens: dict[str, int] = {}  # uncached prompt tokens, by instance
         self._suspect: dict[str, float] = {}
+        # KV handles each prefill instance gave out (request id -> when its lease ends), until
+        # their request ends: a draining prefill instance stays while any is out.
+        self._handles: dict[str, dict[str, float]] = {}
         # Which instance holds which prompt blocks (the fleet's KV events), set when wired.
         self.index: BlockIndex | None = None
         # Requests waiting in the router for a prefill slot (routing.prefill_max_inflight),
@@ -298,3 +301,28 @@ class RoutingTable:
 
     def inflight(self, instance_id: str) -> int:
         return self._inflight.get(instance_id, 0)
+
+    # ---- KV handles out -----------------------------------------------------------------
+
+    def handle_out(self, instance_id: str, rid: str, lease_s: float) -> None:
+        """The prefill instance answered request ``rid``: its KV blocks wait for a decode
+        engine to read or release them, at most the lease."""
+        self._handles.setdefault(instance_id, {})[rid] = self.clock() + lease_s
+
+    def handle_done(self, instance_id: str, rid: str) -> None:
+        """Request ``rid`` ended: its handle was read, released, or is no one's now."""
+        out = self._handles.get(instance_id)
+        if out is not None:
+            out.pop(rid, None)
+            if not out:
+                del self._handles[instance_id]
+
+    def handles_out(self, instance_id: str) -> int:
+        """KV handles of the instance whose request has not ended and lease not run out."""
+        out = self._handles.get(instance_id)
+        if not out:
+            return 0
+        now = self.clock()
+        for rid in [r for r, until in out.items() if until <= now]:
+            del out[rid]
+        return len(out)

@@ -11,7 +11,6 @@ import contextlib
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+
+from controller.launchers.process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "llama-3-8b"
@@ -37,13 +38,6 @@ class Engine:
     url: str
     proc: subprocess.Popen[bytes]
     log: Path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def launch(tmp: Path, name: str, role: str, *extra: str) -> Engine:

@@ -134,3 +134,12 @@ def test_a_generated_token_is_never_read_as_an_option(tmp_path: Path) -> None:
         assert args.token == token
     assert oct((tmp_path / "0" / "token").stat().st_mode & 0o777) == "0o600"
     assert ensure_token(tmp_path / "0") == (tmp_path / "0" / "token").read_text().strip()
+
+
+def test_version_is_the_installed_packages(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.metadata
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"pdctl {importlib.metadata.version('pdctl')}"

@@ -199,6 +199,28 @@ async def test_drain_then_stop_when_idle(env: Env
         "instance.starting", "instance.launched", "instance.ready", "instance.draining"]
 
 
+async def test_a_draining_prefill_stays_while_a_kv_handle_it_gave_out_is_unread(
+        env: Env) -> None:
+    """Drain respects the lease: a prefill instance with no request in flight but a KV
+    handle out (its decode hop has not ended) stays until the request ends, or until the
+    handle's lease runs out."""
+    fleet, launcher, clock, _ = env
+    await _ready_pools(env)
+    lease_s = fleet.settings.kv.lease_s
+    fleet.table.handle_out("prefill-1", "r1", lease_s)
+    fleet.table.handle_out("prefill-1", "r2", lease_s)
+    fleet.drain("prefill-1", "operator")
+    await fleet.tick()
+    assert "prefill-1" not in launcher.stopped and fleet.table.handles_out("prefill-1") == 2
+    fleet.table.handle_done("prefill-1", "r1")  # r1's request ended
+    await fleet.tick()
+    assert "prefill-1" not in launcher.stopped  # r2 may still be read
+    clock.t += lease_s  # r2's lease ran out: the engine freed the blocks
+    await fleet.tick()
+    await fleet.shutdown()
+    assert "prefill-1" in launcher.stopped
+
+
 async def test_pick_avoids_an_instance_just_reported_unreachable(
         env: Env) -> None:
     fleet, _, _, _ = env

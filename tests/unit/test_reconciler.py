@@ -61,6 +61,17 @@ def test_drained_instance_stops_when_idle_or_on_timeout() -> None:
     assert stopped == {"d9", "d7"}
 
 
+def test_a_drained_prefill_waits_for_its_kv_handles_then_times_out_naming_them() -> None:
+    handles = Member("p9", P, 4, S.DRAINING, 0, 0.0, 99.0, kv_handles=2)
+    done = Member("p8", P, 4, S.DRAINING, 0, 0.0, 99.0)
+    late = Member("p7", P, 4, S.DRAINING, 0, 0.0, 10.0, kv_handles=1)
+    actions = run(PoolTarget(1, 2), inst("d1"), handles, done, late,
+                  prefill=PoolTarget(1, 4))
+    stops = {a.instance_id: a.reason for a in actions if isinstance(a, Stop)}
+    assert stops == {"p8": "drained: no requests in flight, no KV handles out",
+                     "p7": "drain timeout with 0 requests in flight and 1 KV handles out"}
+
+
 def test_tp_change_surges_one_new_instance_before_draining() -> None:
     actions = run(PoolTarget(2, 4), inst("d1"), inst("d2"))
     assert [type(a) for a in actions] == [Start]
