@@ -34,7 +34,8 @@ def build_fleet(settings: Settings, store: Store, launcher: Launcher,
                         settings.controller.health_timeout_s)
     live = launcher.capacity() is not None  # a Ray cluster's, read live
     desired = Desired(settings, store, launcher.managed,
-                      (lambda: capacity_of(settings, launcher)) if live else None)
+                      (lambda: capacity_of(settings, launcher)) if live else None,
+                      room=launcher.room_problem)
     fleet = Fleet(settings, registry, desired, observer, launcher, table, clock)
     table.on_unreachable = fleet.unreachable
     return fleet, table

@@ -51,16 +51,19 @@ class Desired:
 
     def __init__(self, settings: Settings, store: Store, managed: bool,
                  capacity: Callable[[], FleetCapacity] | None = None,
-                 push_problem: Callable[[], str | None] | None = None) -> None:
+                 push_problem: Callable[[], str | None] | None = None,
+                 room: Callable[[dict[Role, PoolTarget]], str | None] | None = None) -> None:
         """``capacity``: the launcher's live capacity (a Ray cluster's) where it has one; the
         stored pools are then checked at start against the configured node size only, not
         the node count: a cluster whose workers are still joining must not reset them.
         ``push_problem``: why the engines cannot run KV push here, or None (default:
-        ``kv_mode.push_capability``, asked only when a pool wants push)."""
+        ``kv_mode.push_capability``, asked only when a pool wants push). ``room``: why the
+        cluster cannot place pools beyond their accelerators (``Launcher.room_problem``)."""
         self.settings = settings
         self.store = store
         self.managed = managed
         self.push_problem = push_problem or (lambda: push_capability(settings))
+        self.room = room or (lambda targets: None)
         hw = settings.hardware
         self.live_capacity = capacity is not None
         self.capacity = capacity or (lambda: (hw.per_node, hw.nodes, hw.share))
@@ -132,8 +135,12 @@ class Desired:
             self.targets, role, size, tp, model=self.model, hw=self.hw, per_node=per_node,
             nodes=nodes, managed=self.managed, share=share)
         # ``fit`` knows size and TP; every pool keeps its mode, the changed one takes ``mode``.
-        return {r: dataclasses.replace(t, kv_mode=mode if r is role else self.targets[r].kv_mode)
-                for r, t in new.items()}
+        out = {r: dataclasses.replace(t, kv_mode=mode if r is role else self.targets[r].kv_mode)
+               for r, t in new.items()}
+        problem = self.room(out)
+        if problem:
+            raise InvalidChange(problem, f"pools.{role.value}.size")
+        return out
 
     def valid_tps(self, role: Role) -> list[int]:
         """The TPs ``role`` may change to now (``fit.valid_tps``)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.kvevents.subscriber import engine_kv_events_config
-from controller.models import Role
+from controller.models import PoolTarget, Role
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,11 @@ class Launcher(abc.ABC):
     def capacity(self) -> tuple[int, int] | None:
         """``(accelerators per node, nodes)`` where the launcher knows them (a Ray cluster);
         None: the configured hardware's."""
+        return None
+
+    def room_problem(self, targets: dict[Role, PoolTarget]) -> str | None:
+        """Why the cluster cannot place these pools, beyond their accelerators (which
+        ``sizing.fit`` checks), or None: a Ray cluster's CPUs."""
         return None
 
     async def reattach(self) -> dict[str, Launched]:

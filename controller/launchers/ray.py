@@ -27,6 +27,7 @@ from controller.errors import ConfigError, LaunchError
 from controller.launchers.base import EngineKind, Launched, Launcher, LaunchSpec, exit_reason
 from controller.launchers.ray_actor import EngineHost
 from controller.launchers.ray_head import LocalHead, ensure_local_token
+from controller.models import PoolTarget, Role
 
 log = logging.getLogger("pdctl.ray")
 
@@ -50,10 +51,27 @@ class ClusterView:
     """What the controller knows of the cluster: nodes alive and their accelerators."""
 
     accelerators: dict[str, float] = field(default_factory=dict)  # node IP/id -> count
+    cpus: dict[str, float] = field(default_factory=dict)  # node IP/id -> CPUs
 
     def capacity(self) -> tuple[int, int]:
         counts = [int(c) for c in self.accelerators.values() if c >= 1]
         return (min(counts), len(counts)) if counts else (1, 0)
+
+    def unplaced(self, bundles: Sequence[dict[str, float]]) -> list[dict[str, float]]:
+        """The bundles that find no node (each on one node, largest first, first fit), of
+        every resource the nodes report: accelerators and CPUs."""
+        free = {n: {"ACCEL": self.accelerators.get(n, 0.0), "CPU": self.cpus.get(n, 0.0)}
+                for n in self.accelerators.keys() | self.cpus.keys()}
+        left = []
+        for b in sorted(bundles, key=lambda b: (-b.get("ACCEL", 0.0), -b.get("CPU", 0.0))):
+            node = next((n for n in sorted(free)
+                         if all(free[n][k] + 1e-9 >= v for k, v in b.items())), None)
+            if node is None:
+                left.append(b)
+                continue
+            for k, v in b.items():
+                free[node][k] -= v
+        return left
 
 
 def bundle(settings: Settings, tp: int) -> dict[str, float]:
@@ -62,6 +80,30 @@ def bundle(settings: Settings, tp: int) -> dict[str, float]:
     if accel == "CPU":  # the cores are the accelerators
         return {"CPU": float(max(cpus, tp))}
     return {"CPU": float(cpus), accel: float(tp)}
+
+
+def room_problem(settings: Settings, cluster: ClusterView,
+                 targets: dict[Role, PoolTarget]) -> str | None:
+    """Why ``cluster`` cannot place every instance of ``targets`` (its bundle of accelerators
+    and ``ray.engine_cpus`` CPUs on one node), or None."""
+    accel = settings.ray_accelerator
+    wanted = []
+    for t in targets.values():
+        for _ in range(t.size):
+            b = bundle(settings, t.tp)
+            wanted.append({"ACCEL" if k == accel and accel != "CPU" else k: v
+                           for k, v in b.items()})
+    left = cluster.unplaced(wanted)
+    if not left:
+        return None
+    pools = ", ".join(f"{r.value} {t.size} x TP{t.tp}" for r, t in targets.items())
+    nodes = "; ".join(f"{n}: {cluster.cpus.get(n, 0):g} CPU, "
+                      f"{cluster.accelerators.get(n, 0):g} {accel}"
+                      for n in sorted(cluster.accelerators.keys() | cluster.cpus.keys()))
+    each = ", ".join(f"{v:g} {accel if k == 'ACCEL' else k}" for k, v in left[0].items())
+    return (f"{pools}: {len(left)} of {len(wanted)} instances find no Ray node for their "
+            f"bundle ({each} on one node; ray.engine_cpus is {settings.ray.engine_cpus:g}); "
+            f"the cluster has {nodes or 'no nodes'}")
 
 
 def actor_options(settings: Settings, tp: int) -> dict[str, Any]:
@@ -161,7 +203,9 @@ class RayLauncher(Launcher):
         for node in ray.nodes():
             if node.get("Alive"):
                 key = f"{node.get('NodeManagerAddress')}/{str(node.get('NodeID'))[:8]}"
-                view.accelerators[key] = float(node.get("Resources", {}).get(self.accelerator, 0))
+                resources = node.get("Resources", {})
+                view.accelerators[key] = float(resources.get(self.accelerator, 0))
+                view.cpus[key] = float(resources.get("CPU", 0))
         return view
 
     def capacity(self) -> tuple[int, int] | None:
@@ -169,6 +213,9 @@ class RayLauncher(Launcher):
         already count any sharing (a lab head offers cores x ``hardware.share``), so the
         fleet takes one instance per unit (``desired.capacity_of``)."""
         return self.cluster.capacity()
+
+    def room_problem(self, targets: dict[Role, PoolTarget]) -> str | None:
+        return room_problem(self._s, self.cluster, targets)
 
     def describe_free(self) -> str:
         import ray  # noqa: PLC0415

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from controller.config import load_settings
-from controller.errors import ConfigError
+from controller.errors import ConfigError, InvalidChange
 from controller.launchers.base import LaunchSpec
 from controller.launchers.ray import ClusterView, actor_options, bundle, died_reason
 from controller.launchers.ray_actor import _devices
@@ -124,3 +124,34 @@ def test_a_local_head_gets_a_token_on_a_machine_with_none(tmp_path: Path,
     (tmp_path / "home" / ".ray" / "auth_token").write_text("theirs")
     ensure_local_token(tmp_path / "other")
     assert "RAY_AUTH_TOKEN_PATH" not in os.environ and not (tmp_path / "other").exists()
+
+
+def test_a_change_the_clusters_cpus_cannot_place_is_refused_with_the_reason(
+        tmp_path: Path) -> None:
+    """The Ray lab: a 2-CPU head offering 4 GPUs took a decode scale to 3 (4 engines of
+    1 CPU each), whose new instances then failed placement every 120 s."""
+    from controller.fleet.desired import Desired
+    from controller.launchers.ray import room_problem
+    from controller.models import PoolTarget
+    from controller.store import Store
+
+    s = load_settings(None, ray={"engine_cpus": 1})
+    head = ClusterView({"10.0.0.1/ab": 4.0}, {"10.0.0.1/ab": 2.0})
+    one = {Role.PREFILL: PoolTarget(1, 1), Role.DECODE: PoolTarget(1, 1)}
+    three = {Role.PREFILL: PoolTarget(1, 1), Role.DECODE: PoolTarget(3, 1)}
+    assert room_problem(s, head, one) is None
+    why = room_problem(s, head, three)
+    assert why is not None and "2 of 4 instances find no Ray node" in why
+    assert "1 CPU, 1 GPU on one node" in why and "10.0.0.1/ab: 2 CPU, 4 GPU" in why
+    # Bundles pack per node: two 3-CPU engines do not fit one 4-CPU node beside another.
+    two_nodes = ClusterView({"a": 4.0, "b": 4.0}, {"a": 4.0, "b": 4.0})
+    wide = load_settings(None, ray={"engine_cpus": 3})
+    assert room_problem(wide, two_nodes, one) is None
+    assert room_problem(wide, two_nodes, three) is not None
+
+    desired = Desired(s, Store(tmp_path / "state.db"), True,
+                      room=lambda targets: room_problem(s, head, targets))
+    before = dict(desired.targets)
+    with pytest.raises(InvalidChange, match="find no Ray node") as exc:
+        desired.set(Role.DECODE, 3, None, "test")
+    assert exc.value.field == "pools.decode.size" and desired.targets == before
