@@ -63,7 +63,7 @@ class Instance:
     kv_peer: dict[str, Any] | None = None
     handle: Any = field(default=None, repr=False)
 
-    def public(self, inflight: int = 0) -> dict[str, Any]:
+    def public(self, inflight: int = 0, handles_out: int = 0) -> dict[str, Any]:
         return {
             "id": self.id,
             "role": self.role.value,
@@ -76,6 +76,7 @@ class Instance:
             "ready_at": self.ready_at,
             "load": {
                 "inflight": inflight,
+                "kv_handles_out": handles_out,
                 "running": self.running,
                 "waiting": self.waiting,
                 "kv_cache_usage": self.kv_usage,

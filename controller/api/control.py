@@ -156,7 +156,7 @@ async def get_instance(instance_id: str, st: State) -> InstancePublic:
     inst = st.fleet.registry.get(instance_id)
     if inst is None:
         raise NotFound(f"no instance {instance_id!r}")
-    return instance_view(inst, st.table.inflight(inst.id))
+    return instance_view(inst, st.table.inflight(inst.id), st.table.handles_out(inst.id))
 
 
 @control_routes.get("/instances/{instance_id}/log", response_model=InstanceLogPublic)
@@ -173,7 +173,7 @@ async def instance_log(instance_id: str, st: State,
 async def drain_instance(instance_id: str, st: State, request: Request) -> InstancePublic:
     async with st.writes:
         inst = st.fleet.drain(instance_id, audit_actor(request))
-        return instance_view(inst, st.table.inflight(inst.id))
+        return instance_view(inst, st.table.inflight(inst.id), st.table.handles_out(inst.id))
 
 
 @control_routes.get("/routing", response_model=RoutingPublic)

@@ -54,13 +54,15 @@ from pdctl_api.schema.cluster import KvPeerPublic
 # ---- instances and pools -------------------------------------------------------------------
 
 
-def instance_view(inst: Instance, inflight: int) -> InstancePublic:
-    """One instance; ``inflight``: the routing table's count of its requests."""
+def instance_view(inst: Instance, inflight: int, handles_out: int = 0) -> InstancePublic:
+    """One instance; ``inflight`` and ``handles_out``: the routing table's counts of its
+    requests and of the KV handles it gave out."""
     return InstancePublic(
         id=inst.id, role=inst.role, url=inst.url, state=inst.state, tp=inst.tp,
         accelerators=list(inst.accelerators), created_at=inst.created_at,
         ready_at=inst.ready_at,
-        load=LoadPublic(inflight=inflight, running=inst.running, waiting=inst.waiting,
+        load=LoadPublic(inflight=inflight, kv_handles_out=handles_out,
+                        running=inst.running, waiting=inst.waiting,
                         kv_cache_usage=inst.kv_usage),
         nixl=NixlPublic(transfers=inst.nixl_xfers, seconds=inst.nixl_xfer_s,
                         bytes=inst.nixl_bytes, recent_xfer_ms=inst.recent_xfer_ms,
@@ -73,7 +75,8 @@ def instance_view(inst: Instance, inflight: int) -> InstancePublic:
 
 
 def instances_view(st: AppState, instances: list[Instance]) -> list[InstancePublic]:
-    return [instance_view(i, st.table.inflight(i.id)) for i in instances]
+    return [instance_view(i, st.table.inflight(i.id), st.table.handles_out(i.id))
+            for i in instances]
 
 
 def pool_view(st: AppState, role: Role) -> PoolPublic:

@@ -70,6 +70,9 @@ class PoolUpdate(UpdateBody):
 
 class LoadPublic(Public):
     inflight: int = Field(description="requests the router has sent it and not finished")
+    kv_handles_out: int = Field(0, ge=0, description=(
+        "a prefill instance's KV handles whose request has not ended and whose lease has not "
+        "run out: a draining prefill instance stays while any is out"))
     running: float
     waiting: float
     kv_cache_usage: float

@@ -54,8 +54,11 @@ def test_every_answer_is_its_model(app_state: tuple[TestClient, AppState], path:
 def test_answers_are_what_the_controller_objects_produce(
         app_state: tuple[TestClient, AppState]) -> None:
     tc, st = app_state
-    instances = [i.public(st.table.inflight(i.id)) for i in st.fleet.registry]
+    st.table.handle_out("prefill-1", "req-x", 30.0)  # a KV handle out, unread
+    instances = [i.public(st.table.inflight(i.id), st.table.handles_out(i.id))
+                 for i in st.fleet.registry]
     assert tc.get("/api/v1/instances").json() == instances
+    assert instances[0]["load"]["kv_handles_out"] == 1
     assert tc.get("/api/v1/requests").json() == [r.public() for r in st.requests.recent(100)]
     assert tc.get("/api/v1/pools/decode").json() == st.fleet.pool_view(Role.DECODE)
     assert tc.get("/api/v1/routing").json() == st.table.settings.model_dump()
