@@ -111,6 +111,7 @@ class PushHandoff(ProxyBase):
         except (UpstreamError, AssembleError) as exc:
             ctx.errors.append(f"decode {where} failed mid-answer: {exc}")
             ctx.retries += 1
+            ctx.first_at = None  # the colocated attempt's answer is the one timed
             return None
         finally:
             resp.close()
