@@ -111,7 +111,9 @@ def drain_change(instance: InstancePublic) -> PendingChange:
     return PendingChange(
         kind="drain", title=f"drain {i.id} ({i.role}, {i.state}, TP {i.tp})",
         effects=(f"{i.id} takes no new requests; its {i.load.inflight} in-flight request(s) "
-                 "finish, then it stops",
+                 + (f"finish and the {i.load.kv_handles_out} KV handle(s) it gave out are read "
+                    "or expire, " if i.load.kv_handles_out else "finish, ")
+                 + "then it stops",
                  "the controller starts a replacement if the pool falls below its desired "
                  "size"),
         disruptive=True, instance_id=i.id)

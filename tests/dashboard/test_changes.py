@@ -66,6 +66,10 @@ def test_drain_is_disruptive_and_only_ready_or_starting_can_drain() -> None:
     d = changes.drain_change(inst)
     assert d.disruptive and d.instance_id == "decode-3" and "3 in-flight" in d.effects[0]
     assert d.title == "drain decode-3 (decode, ready, TP 2)"
+    assert d.effects[0].endswith("finish, then it stops")
+    held = inst.model_copy(update={"load": inst.load.model_copy(update={"kv_handles_out": 2})})
+    assert "the 2 KV handle(s) it gave out are read or expire" in \
+        changes.drain_change(held).effects[0]
     states = ["ready", "starting", "draining", "failed", "stopped"]
     pool = [inst.model_copy(update={"id": s, "state": InstanceState(s)}) for s in states]
     assert [i.id for i in changes.drainable(pool)] == ["ready", "starting"]
