@@ -17,7 +17,9 @@ from bench.scenarios.planner import PlannerScenario
 from bench.scenarios.ray_start import RayStartScenario
 from bench.scenarios.router import RouterScenario
 from bench.scenarios.scale import ScaleScenario
+from bench.scenarios.soak import SoakScenario
 
 SCENARIOS: tuple[Scenario[Any, Any], ...] = (
     RouterScenario(), CacheScenario(), LabScenario(), ScaleScenario(), ConsoleScenario(),
-    RayStartScenario(), PlannerScenario(), HandoffScenario(), NixlTool(), MeasureLabTool())
+    RayStartScenario(), PlannerScenario(), HandoffScenario(), SoakScenario(), NixlTool(),
+    MeasureLabTool())
