@@ -31,6 +31,10 @@ class VllmSettings(Strict):
     cpu_kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE per instance")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     enforce_eager: bool = False
+    push_on_cpu: bool = Field(False, description=(
+        "let a pool take KV push (NixlPushConnector) on CPU hosts; off: refused there, "
+        "because vLLM 0.32's CPU build stalls in push mode on shared cores "
+        "(docs/routing-and-accounting.md, 'Push mode')"))
     nice: int | None = Field(None, ge=0, le=19, description=(
         "niceness of the engine processes; default: 19 on CPU hosts (their busy-polling "
         "threads would otherwise starve the controller, console and Prometheus on the same "

@@ -33,10 +33,14 @@ KV_ROLE = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
 KV_CONNECTOR = {"pull": "NixlConnector", "push": "NixlPushConnector"}
 NIXL_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 
-# The hook for vLLM's CPU build: None lets a pool take KV push on CPU hardware
-# (``hardware.is_cpu``) like on GPUs; a string refuses it there, with that string as the
-# reason (set once a real-lab test has shown whether push works on the CPU build).
-PUSH_ON_CPU_REFUSAL: str | None = None
+# Why a pool may not take KV push on CPU hardware (``hardware.is_cpu``) unless
+# ``vllm.push_on_cpu`` says so: what the real lab showed (tests/engine, CI, bench.handoff_lab).
+PUSH_ON_CPU_REFUSAL: str | None = (
+    "vLLM 0.32's CPU build is not reliable with NixlPushConnector on shared cores: on a "
+    "2-vCPU host its prefill worker hung in execute_model ('RPC call to execute_model timed "
+    "out' after 5 minutes, the engine then died) and its prefill-to-decode push handshake "
+    "timed out ('push_handshake_failed' after vLLM's fixed 5 s), leaving decode requests "
+    "waiting for KV that never came; set vllm.push_on_cpu: true to run it anyway")
 
 PUSH_CHECK_TIMEOUT_S = 30.0  # locating vLLM and reading its source: well under a second
 _push_checked: dict[str, str | None] = {}  # interpreter -> why it has no push (None: it has)
@@ -47,9 +51,10 @@ ENTRY = Path(__file__).with_name("vllm_entry.py")
 
 
 def push_refusal(settings: Settings) -> str | None:
-    """Why vLLM engines cannot run KV push here, or None: refused on CPU hardware while
-    ``PUSH_ON_CPU_REFUSAL`` says so, and where the installed vLLM has no NixlPushConnector."""
-    if settings.hardware.is_cpu and PUSH_ON_CPU_REFUSAL is not None:
+    """Why vLLM engines cannot run KV push here, or None: refused on CPU hardware (unless
+    ``vllm.push_on_cpu``), and where the installed vLLM has no NixlPushConnector."""
+    if settings.hardware.is_cpu and not settings.vllm.push_on_cpu \
+            and PUSH_ON_CPU_REFUSAL is not None:
         return PUSH_ON_CPU_REFUSAL
     return installed_push_refusal(settings.vllm.python or sys.executable)
 

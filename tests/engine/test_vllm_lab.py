@@ -34,11 +34,16 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(2400)]
 LONG = "the model layer decode cache token batch " * 40  # ~300 tokens with the lab tokenizer
 SHORT = "hello there"
 
+# KV push on vLLM's CPU build: refused by default (controller/launchers/vllm.py,
+# PUSH_ON_CPU_REFUSAL); PDCTL_LAB_PUSH=1 runs the lab with vllm.push_on_cpu and the push test.
+PUSH_ON_CPU = os.environ.get("PDCTL_LAB_PUSH") == "1"
+
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerProc]:
     tmp = tmp_path_factory.mktemp("vllm-lab")
-    ctl = start_controller(tmp, lab_config(lab_model(tmp), controller={"drain_timeout_s": 300}),
+    ctl = start_controller(tmp, lab_config(lab_model(tmp), controller={"drain_timeout_s": 300},
+                                           vllm={"push_on_cpu": PUSH_ON_CPU}),
                            wait_ready=False)
     with converged(ctl, "real lab 1P+1D"):
         yield ctl
@@ -333,6 +338,25 @@ def _nice(tid: int) -> int | None:
         return None
 
 
+@pytest.mark.skipif(PUSH_ON_CPU, reason="PDCTL_LAB_PUSH=1: the lab allows push")
+def test_push_is_refused_on_the_cpu_lab_with_what_vllm_did(lab: ControllerProc) -> None:
+    """KV push on vLLM's CPU build is refused by default (422, nothing changed), with what
+    the real lab showed: its prefill worker hanging in execute_model, its push handshake
+    timing out (CI, twice). PDCTL_LAB_PUSH=1 runs the lab with vllm.push_on_cpu and the push
+    test below instead."""
+    events = len(lab.get("/events", kind="pool.update", limit=1000))
+    for role in ("prefill", "decode"):
+        r = lab.api("PATCH", f"/pools/{role}", {"kv_mode": "push"})
+        assert r.status_code == 422, r.text
+        assert "execute_model" in r.text and "vllm.push_on_cpu" in r.text
+        assert lab.get(f"/pools/{role}")["desired"]["kv_mode"] == "pull"
+    assert len(lab.get("/events", kind="pool.update", limit=1000)) == events
+    assert {i["kv_mode"] for i in lab.get("/instances?state=ready")} == {"pull"}
+
+
+@pytest.mark.skipif(not PUSH_ON_CPU, reason=(
+    "KV push on vLLM's CPU build is refused by default (vllm.push_on_cpu; the test above); "
+    "PDCTL_LAB_PUSH=1 runs this one"))
 def test_push_mode_pools_restart_and_serve_outputs_equal_to_colocated(
         lab: ControllerProc, sdk: openai.OpenAI) -> None:
     """Last (it leaves the lab in push mode): both pools switched to vLLM's

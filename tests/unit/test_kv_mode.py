@@ -92,9 +92,12 @@ def test_push_on_cpu_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
                         model={"name": "lab-tiny", "path": str(tmp_path)},
                         vllm={"python": python}, pools={"prefill": {"size": 1, "tp": 1},
                                                         "decode": {"size": 1, "tp": 1}})
+    why = push_refusal(cpu)  # refused on CPU hosts by default, with what the lab showed
+    assert why is not None and "execute_model" in why and "vllm.push_on_cpu" in why
+    allowed = cpu.model_copy(update={"vllm": cpu.vllm.model_copy(update={"push_on_cpu": True})})
+    assert push_refusal(allowed) is None  # the operator's choice; the vLLM has push
+    monkeypatch.setattr(vllm_launcher, "PUSH_ON_CPU_REFUSAL", None)
     assert push_refusal(cpu) is None
-    monkeypatch.setattr(vllm_launcher, "PUSH_ON_CPU_REFUSAL", "push fails on the CPU build")
-    assert push_refusal(cpu) == "push fails on the CPU build"
 
 
 # ---- the rolling replace ------------------------------------------------------------------
