@@ -8,9 +8,9 @@ from bench.loadgen import DROPPED, TIMEOUT, Arrival
 from bench.scenarios.soak.model import (
     FAULTS,
     FaultDone,
-    Sample,
     SoakOptions,
     SoakResult,
+    SoakSample,
     fault_at,
     judge,
     problems,
@@ -43,7 +43,7 @@ def test_clear_errors_are_allowed_and_hangs_or_broken_streams_are_lost() -> None
 def test_a_clean_quick_run_passes_and_memory_is_judged_on_full_runs_only() -> None:
     res = SoakResult(SoakOptions.defaults(True), requests=10, ok=10,
                      faults=[FaultDone(20.0, "kill-decode", "decode-2", "SIGKILL pid 1")])
-    res.samples = [Sample(t, 100.0 + t, 50 + int(t)) for t in range(0, 100, 5)]
+    res.samples = [SoakSample(t, 100.0 + t, 50 + int(t)) for t in range(0, 100, 5)]
     assert problems(res, quick=True) == []
     found = problems(res, quick=False)
     assert any("memory grew" in p for p in found)
@@ -57,6 +57,6 @@ def test_a_clean_quick_run_passes_and_memory_is_judged_on_full_runs_only() -> No
 
 def test_flat_samples_are_flat() -> None:
     res = SoakResult(SoakOptions())
-    res.samples = [Sample(float(t), 200.0 + (t % 3), 40) for t in range(100)]
+    res.samples = [SoakSample(float(t), 200.0 + (t % 3), 40) for t in range(100)]
     mem, fds = res.memory(), res.descriptors()
     assert 0.98 <= mem["ratio"] <= 1.02 and fds["first"] == fds["last"] == 40.0

@@ -14,7 +14,7 @@ FAULTS = ("kill-decode", "kill-prefill", "stall-prefill", "tp-change")
 # stream): allowed, a fault may cause them. Anything else is a request lost or wrong.
 CLEAR_ERRORS = ("http ", "stream error event", "error body")
 LEASE_S = 6  # kv.lease_s: the shortest the controller takes, so a stall outlives it soon
-MODEL = "llama-3-8b"
+SOAK_MODEL = "llama-3-8b"
 
 
 @dataclass
@@ -39,7 +39,7 @@ class SoakOptions:
 
 
 @dataclass
-class Sample:
+class SoakSample:
     t: float  # seconds since the load started
     rss_mb: float
     fds: int
@@ -62,7 +62,7 @@ class SoakResult:
     lost: dict[str, int] = field(default_factory=dict)  # by kind: hung, dropped, wrong
     lost_samples: dict[str, list[str]] = field(default_factory=dict)
     faults: list[FaultDone] = field(default_factory=list)
-    samples: list[Sample] = field(default_factory=list)
+    samples: list[SoakSample] = field(default_factory=list)
     planner_changes: int = 0
     instance_failures: list[str] = field(default_factory=list)
     kv_handles_left: dict[str, int] = field(default_factory=dict)  # instance -> handles held
@@ -142,7 +142,7 @@ def soak_config(o: SoakOptions) -> dict[str, Any]:
     (so one can be killed alone), the KV lease at its shortest, the planner applying."""
     return {
         "backend": "sim",
-        "model": {"name": MODEL},
+        "model": {"name": SOAK_MODEL},
         "hardware": {"accelerator": "h100-sxm", "accelerators_per_node": 8, "nodes": 1},
         "pools": {"prefill": {"size": o.prefill, "tp": 1},
                   "decode": {"size": o.decode, "tp": 1}},

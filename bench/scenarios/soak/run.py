@@ -23,17 +23,17 @@ from bench.loadgen import OpenLoop
 from bench.processes import ProcessFleet
 from bench.scenarios.soak.model import (
     LEASE_S,
-    MODEL,
+    SOAK_MODEL,
     FaultDone,
-    Sample,
     SoakOptions,
     SoakResult,
+    SoakSample,
     fault_at,
     judge,
     soak_config,
 )
 
-WORDS = "the prefill engine computes the prompt and the decode engine streams tokens".split()
+SOAK_WORDS = "the prefill engine computes the prompt and the decode engine streams tokens".split()
 
 
 def request_maker(url: str) -> Any:
@@ -41,13 +41,14 @@ def request_maker(url: str) -> Any:
     enough to go disaggregated; each unique, so no prefix cache hides the work."""
     def make(i: int, stream: bool) -> tuple[str, bytes, int]:
         n = 12 if i % 3 == 0 else 600 + 37 * (i % 20)
-        prompt = f"request {i}: " + " ".join(WORDS[(i + k) % len(WORDS)] for k in range(n))
-        body = {"model": MODEL, "prompt": prompt, "max_tokens": 16, "stream": stream}
+        words = (SOAK_WORDS[(i + k) % len(SOAK_WORDS)] for k in range(n))
+        prompt = f"request {i}: " + " ".join(words)
+        body = {"model": SOAK_MODEL, "prompt": prompt, "max_tokens": 16, "stream": stream}
         return f"{url}/v1/completions", orjson.dumps(body), 16
     return make
 
 
-def ready(ctl: ControllerProc, role: str) -> list[dict[str, Any]]:
+def ready_victims(ctl: ControllerProc, role: str) -> list[dict[str, Any]]:
     return sorted((i for i in ctl.get("/instances", role=role)
                    if i["state"] == "ready" and i.get("pid")), key=lambda i: i["id"])
 
@@ -60,7 +61,7 @@ def inject(ctl: ControllerProc, kind: str, t: float) -> FaultDone:
         r = ctl.api("PATCH", "/pools/prefill", {"tp": 2 if tp == 1 else 1})
         return FaultDone(t, kind, "prefill", f"TP {tp} -> {2 if tp == 1 else 1}: "
                          f"{r.status_code} {r.text[:120] if r.status_code != 200 else ''}")
-    victims = ready(ctl, role)
+    victims = ready_victims(ctl, role)
     if not victims:
         return FaultDone(t, kind, role, "no ready instance: skipped")
     v = victims[0]
@@ -93,7 +94,7 @@ def held(ctl: ControllerProc) -> dict[str, int]:
     return out
 
 
-def drive(o: SoakOptions, ctl: ControllerProc, res: SoakResult) -> OpenLoop:
+def drive_soak(o: SoakOptions, ctl: ControllerProc, res: SoakResult) -> OpenLoop:
     """The load in a thread; faults and samples here until it ends."""
     import uvloop
 
@@ -108,7 +109,7 @@ def drive(o: SoakOptions, ctl: ControllerProc, res: SoakResult) -> OpenLoop:
         now = time.monotonic()
         if now >= next_sample:
             with contextlib.suppress(psutil.Error):
-                res.samples.append(Sample(round(now - t0, 1),
+                res.samples.append(SoakSample(round(now - t0, 1),
                                           proc.memory_info().rss / 2**20, proc.num_fds()))
             next_sample += o.sample_every
         if now >= next_fault and now < t0 + o.duration - o.fault_every / 2:
@@ -127,7 +128,7 @@ def run_soak(o: SoakOptions) -> SoakResult:
     tmp = Path(tempfile.mkdtemp(prefix="pdctl-bench-soak-"))
     res = SoakResult(o, logs=str(tmp))
     t_all = time.monotonic()
-    print(f"bench.soak: {o.prefill}P + {o.decode}D simulated {MODEL}, {o.rate:g} req/s for "
+    print(f"bench.soak: {o.prefill}P + {o.decode}D simulated {SOAK_MODEL}, {o.rate:g} req/s for "
           f"{o.duration:g} s, a fault every {o.fault_every:g} s, planner applying every "
           f"{o.planner_interval:g} s; logs in {tmp}", flush=True)
     fleet = ProcessFleet(tmp)
@@ -135,7 +136,7 @@ def run_soak(o: SoakOptions) -> SoakResult:
     try:
         ctl = start_controller(tmp, soak_config(o), fleet=fleet, log_level="warning",
                                wait="converged", timeout_s=60)
-        load = drive(o, ctl, res)
+        load = drive_soak(o, ctl, res)
         judge(load.arrivals, load.unfinished, res, load.error_samples)
         time.sleep(LEASE_S + 4)  # every handle read, released or expired by now
         res.kv_handles_left = held(ctl)
