@@ -26,7 +26,9 @@ PR_SET_PDEATHSIG = 1
 
 
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-PORT_FLOOR = 10000  # the lowest port chosen below the ephemeral range
+# The lowest port chosen below the ephemeral range: above Ray's default ports (client
+# server 10001, workers 10002-19999), which a Ray head on this machine takes for its own.
+PORT_FLOOR = 20000
 RECENT_PORTS = 512  # ports handed out lately, not handed out again (their engines may be starting)
 _recent: collections.deque[int] = collections.deque(maxlen=RECENT_PORTS)
 

@@ -49,13 +49,15 @@ def test_the_lab_on_a_ray_head_of_its_own_serves_and_leaves_nothing(tmp_path: Pa
         assert {i["node"] for i in insts} == {"127.0.0.1"}
         assert len(engine_processes()) == 2 and ray_processes()
     finally:
-        os.killpg(lab.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         try:
+            if lab.poll() is None:
+                os.killpg(lab.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
             code = lab.wait(timeout=90)
         except subprocess.TimeoutExpired:
             os.killpg(lab.pid, signal.SIGKILL)
             raise
-        log.close()
+        finally:
+            log.close()
     assert code == 0, (tmp_path / "lab.log").read_text()[-3000:]
     text = (tmp_path / "lab.log").read_text()
     assert "ready -> stopped (controller shutdown)" in text  # stopped by the controller
