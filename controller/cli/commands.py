@@ -8,7 +8,7 @@ import importlib.metadata
 import sys
 from collections.abc import Callable
 
-from controller.cli import clients, console, make_model, profile, replay, serve
+from controller.cli import clients, console, make_model, plan, profile, replay, serve
 
 EPILOG = """\
 examples:
@@ -22,6 +22,8 @@ examples:
                                            measure an engine for the SLA planner
   pdctl replay trace.jsonl --limit 200 --time-scale 0.1
                                            replay a Mooncake/Azure trace, summary per class
+  pdctl plan trace.jsonl --model llama-3.1-70b --accelerator h100-sxm --budget 32
+                                           search layouts for a trace (simulated), best first
 """
 
 
@@ -39,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     console.add_dashboard_parser(sub)
     clients.add_parsers(sub)
     replay.add_replay_parser(sub)
+    plan.add_plan_parser(sub)
     return p
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from controller.cli.args import SubParsers
+from controller.cli.args import SubParsers, count_arg, positive_arg, seconds_arg
 from controller.cli.replay_send import Planned, ReplayOutcome, send_trace
 from controller.replay.prompts import fit_context
 from controller.replay.schedule import Slice, due_times, select
@@ -64,36 +64,6 @@ example:
 """
 
 
-def _positive_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be positive")
-    return value
-
-
-def _count_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
-    return value
-
-
-def _seconds_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 0")
-    return value
-
-
 def add_replay_parser(sub: SubParsers) -> None:
     p = sub.add_parser("replay", help="replay a request trace (Mooncake JSONL, Azure CSV) "
                                       "against a controller", description=DESCRIPTION,
@@ -105,26 +75,26 @@ def add_replay_parser(sub: SubParsers) -> None:
                    default=os.environ.get("PDCTL_CONTROLLER__API_KEY"),
                    help="the controller's data-plane API key, sent as a bearer token (env "
                         "PDCTL_CONTROLLER__API_KEY, as the controller reads it)")
-    p.add_argument("--time-scale", metavar="X", type=_positive_arg, default=1.0,
+    p.add_argument("--time-scale", metavar="X", type=positive_arg, default=1.0,
                    help="wall seconds per trace second (0.1: 10x faster; default 1)")
-    p.add_argument("--rate-scale", metavar="X", type=_positive_arg, default=1.0,
+    p.add_argument("--rate-scale", metavar="X", type=positive_arg, default=1.0,
                    help="multiply the request rate: trace times divided by it (default 1)")
-    p.add_argument("--limit", metavar="N", type=_count_arg,
+    p.add_argument("--limit", metavar="N", type=count_arg,
                    help="send only the first N requests of the slice")
-    p.add_argument("--start-s", metavar="S", type=_seconds_arg, default=0.0,
+    p.add_argument("--start-s", metavar="S", type=seconds_arg, default=0.0,
                    help="skip to S seconds into the trace (default 0)")
-    p.add_argument("--ttft-ms", metavar="MS", type=_positive_arg, default=2000.0,
+    p.add_argument("--ttft-ms", metavar="MS", type=positive_arg, default=2000.0,
                    help="goodput's TTFT target (default 2000 ms, the planner's)")
-    p.add_argument("--gap-ms", metavar="MS", type=_positive_arg, default=60.0,
+    p.add_argument("--gap-ms", metavar="MS", type=positive_arg, default=60.0,
                    help="goodput's inter-token gap target, against each request's own gap "
                         "p99 (default 60 ms, the planner's)")
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="write the whole result (summaries and one row per request)")
-    p.add_argument("--max-prompt-tokens", metavar="N", type=_count_arg,
+    p.add_argument("--max-prompt-tokens", metavar="N", type=count_arg,
                    help="cut longer prompts to this many tokens (besides the context fit)")
     p.add_argument("--no-clamp", action="store_true",
                    help="send requests longer than the model's context as they are")
-    p.add_argument("--timeout-s", metavar="S", type=_positive_arg, default=600.0,
+    p.add_argument("--timeout-s", metavar="S", type=positive_arg, default=600.0,
                    help="give up on one request after this long (default 600)")
     p.add_argument("--text-prompts", action="store_true",
                    help="send text prompts, each token id as a 4-byte piece (for text-matching "

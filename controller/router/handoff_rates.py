@@ -86,25 +86,32 @@ class HandoffRates:
 
 
 def handoff_prior(settings: Settings) -> Prior:
-    """Costs from the model's roofline on the configured hardware and link (a 2k-token
-    prompt; wall time, so a simulated fleet's time scale counts), or plain guesses for
-    hardware no profile describes. Measurements replace them within a few requests."""
+    """Costs from the model's roofline on the configured hardware and link (wall time, so a
+    simulated fleet's time scale counts), or plain guesses for hardware no profile describes.
+    Measurements replace them within a few requests."""
     scale = settings.sim.time_scale if settings.backend == "sim" else 1.0
-    tokens = 2048
     try:
         hw = profiles.hardware(settings.hardware.accelerator)
         lk = profiles.link(settings.hardware.kv_link)
     except (KeyError, ValueError):
         return Prior(prefill_ms_per_token=0.5, local_ms_per_token=0.5,
                      transfer_ms_per_token=0.01)
-    m = settings.model_profile
+    return roofline_prior(settings.model_profile, hw, lk, settings.pools.prefill.tp,
+                          settings.pools.decode.tp, scale)
+
+
+def roofline_prior(m: profiles.ModelProfile, hw: profiles.HardwareProfile,
+                   lk: profiles.LinkProfile, prefill_tp: int, decode_tp: int,
+                   scale: float = 1.0) -> Prior:
+    """The roofline's costs of a 2k-token prompt, ``scale`` wall seconds per modelled one."""
+    tokens = 2048
 
     def per_token(tp: int) -> float:
         return profiles.prefill_seconds(m, hw, tp, tokens) * 1e3 * scale / tokens
 
     moved = profiles.transfer_seconds(profiles.kv_bytes(m, tokens), lk) * 1e3 * scale
-    return Prior(prefill_ms_per_token=per_token(settings.pools.prefill.tp),
-                 local_ms_per_token=per_token(settings.pools.decode.tp),
+    return Prior(prefill_ms_per_token=per_token(prefill_tp),
+                 local_ms_per_token=per_token(decode_tp),
                  transfer_ms_per_token=moved / tokens)
 
 

@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("controller.engines",),
     ("controller.launchers",),
     ("controller.router",),
+    ("controller.whatif",),
     ("controller.fleet",),
     ("controller.obs",),
     ("controller.planner",),

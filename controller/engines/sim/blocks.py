@@ -132,8 +132,11 @@ class BlockPool:
         ids = list(range(self._next, self._next + fresh))
         self._next += fresh
         evicted: list[EngineBlockHash] = []
-        for _ in range(n - fresh):
-            b = next(iter(self._queue))
+        # One pass over the queue's head: ``next(iter(...))`` per block would rescan the
+        # holes that deletions leave at a dict's front (quadratic in a busy engine).
+        head = iter(self._queue)
+        victims = [next(head) for _ in range(n - fresh)]
+        for b in victims:
             del self._queue[b]
             h = self._uncache(b)
             if h is not None:

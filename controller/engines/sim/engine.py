@@ -47,11 +47,11 @@ MAX_LAG_S = 0.01
 logger = logging.getLogger(__name__)
 
 
-def capacity_blocks(cfg: SimEngineConfig) -> int:
-    """KV blocks of the instance; never less than one full-length sequence needs."""
-    m, hw = cfg.model_profile, profiles.hardware(cfg.hardware)
-    blocks = profiles.kv_capacity_tokens(m, hw, cfg.tp) // cfg.block_size
-    return max(blocks, math.ceil(m.max_model_len / cfg.block_size))
+def capacity_blocks(m: profiles.ModelProfile, hw: profiles.HardwareProfile, tp: int,
+                    block_size: int) -> int:
+    """KV blocks of an instance; never less than one full-length sequence needs."""
+    blocks = profiles.kv_capacity_tokens(m, hw, tp) // block_size
+    return max(blocks, math.ceil(m.max_model_len / block_size))
 
 
 class SimEngine(DecodeHops, PushHops):
@@ -66,7 +66,8 @@ class SimEngine(DecodeHops, PushHops):
         self._puller = puller
         puller.unreachable = cfg.fault_kv_unreachable
         self._side_host = advertised_host(cfg.host)
-        self.scheduler = Scheduler(capacity_blocks(cfg), cfg.block_size, cfg.max_num_seqs,
+        self.scheduler = Scheduler(capacity_blocks(self._model, self._hw, cfg.tp, cfg.block_size),
+                                   cfg.block_size, cfg.max_num_seqs,
                                    cfg.max_num_batched_tokens, cfg.kv_lease_duration_s,
                                    record_events=cfg.kv_events_enabled,
                                    on_lookup=self._looked_up)
