@@ -13,13 +13,15 @@ from bench.scenarios.handoff import HandoffScenario
 from bench.scenarios.lab import LabScenario
 from bench.scenarios.measure_lab import MeasureLabTool
 from bench.scenarios.nixl import NixlTool
+from bench.scenarios.plan_rules import PlanRulesTool
 from bench.scenarios.planner import PlannerScenario
 from bench.scenarios.ray_start import RayStartScenario
 from bench.scenarios.router import RouterScenario
 from bench.scenarios.scale import ScaleScenario
 from bench.scenarios.soak import SoakScenario
+from bench.scenarios.whatif import WhatIfScenario
 
 SCENARIOS: tuple[Scenario[Any, Any], ...] = (
     RouterScenario(), CacheScenario(), LabScenario(), ScaleScenario(), ConsoleScenario(),
-    RayStartScenario(), PlannerScenario(), HandoffScenario(), SoakScenario(), NixlTool(),
-    MeasureLabTool())
+    RayStartScenario(), PlannerScenario(), HandoffScenario(), SoakScenario(), WhatIfScenario(),
+    NixlTool(), MeasureLabTool(), PlanRulesTool())

@@ -79,6 +79,18 @@ def _policies(text: str) -> tuple[DisaggPolicy, ...]:
     return tuple(out)
 
 
+def _prompt_range(text: str) -> tuple[int, int | None]:
+    low, sep, high = text.partition("-")
+    try:
+        lo, hi = int(low), (int(high) if high.strip() else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give LOW-HIGH tokens, as 4096-10240 "
+                                         "or 10240-") from None
+    if not sep or lo < 0 or (hi is not None and hi <= lo):
+        raise argparse.ArgumentTypeError(f"{text!r}: give LOW-HIGH with 0 <= LOW < HIGH")
+    return lo, hi
+
+
 def _share(text: str) -> float:
     value = positive_arg(text)
     if value > 1:
@@ -116,8 +128,11 @@ def add_plan_parser(sub: SubParsers) -> None:
     p.add_argument("--policies", type=_policies, default=("threshold",), metavar="LIST",
                    help="hand-off policies of disaggregated layouts: threshold, slo "
                         "(default threshold)")
-    p.add_argument("--min-prompt-tokens", type=count_arg, default=512, metavar="N",
+    p.add_argument("--disagg-min-prompt-tokens", type=count_arg, default=512, metavar="N",
                    help="the threshold policy's disagg_min_prompt_tokens (default 512)")
+    p.add_argument("--prompts", type=_prompt_range, metavar="LOW-HIGH",
+                   help="only the trace's requests with LOW <= prompt tokens < HIGH "
+                        "(4096-10240; 10240- for no upper bound), at their own times")
     p.add_argument("--decode-policy", default="least_loaded",
                    choices=("round_robin", "least_loaded", "cache_aware"),
                    help="decode pool's routing policy (default least_loaded)")
@@ -181,15 +196,20 @@ def plan_inputs(args: argparse.Namespace) -> tuple[list[TraceRequest], RunSpec, 
     sl = Slice(args.start_s, args.limit)
     end = args.start_s + args.minutes * 60
     requests = [r for r in select(trace, sl) if r.time_s < end]
+    if args.prompts is not None:
+        lo, hi = args.prompts
+        requests = [r for r in requests
+                    if r.input_length >= lo and (hi is None or r.input_length < hi)]
     if not requests:
-        raise PlanError(f"{args.trace}: no requests between {args.start_s:g} s and {end:g} s "
-                        f"(the trace spans {trace.span_s:,.0f} s)")
+        among = "" if args.prompts is None else " with prompts in the range given"
+        raise PlanError(f"{args.trace}: no requests{among} between {args.start_s:g} s and "
+                        f"{end:g} s (the trace spans {trace.span_s:,.0f} s)")
     if args.rate_scale != 1.0:
         t0 = requests[0].time_s
         requests = [TraceRequest(r.line, t0 + (r.time_s - t0) / args.rate_scale,
                                  r.input_length, r.output_length, r.hash_ids)
                     for r in requests]
-    routing = RoutingSettings(disagg_min_prompt_tokens=args.min_prompt_tokens,
+    routing = RoutingSettings(disagg_min_prompt_tokens=args.disagg_min_prompt_tokens,
                               decode_policy=args.decode_policy,
                               prefill_policy=args.prefill_policy)
     spec = RunSpec(EngineShape(m, hw, lk), routing, Goals(args.ttft_ms, args.gap_ms))
@@ -234,7 +254,7 @@ def config_of(c: LayoutResult, args: argparse.Namespace) -> str:
         f"  decode:  {{size: {lay.decode_count}, tp: {lay.decode_tp}}}",
         "routing:",
         f"  disagg_policy: {lay.disagg_policy}",
-        f"  disagg_min_prompt_tokens: {args.min_prompt_tokens}",
+        f"  disagg_min_prompt_tokens: {args.disagg_min_prompt_tokens}",
         f"  prefill_policy: {args.prefill_policy}",
         f"  decode_policy: {args.decode_policy}",
     ])

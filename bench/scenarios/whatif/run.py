@@ -1,0 +1,135 @@
+"""The what-if benchmark's runs: the discrete-event run on a trace hour (speed), then one trace
+slice replayed through a live simulated fleet behind a real ``pdctl controller`` and the same
+slice run discrete-event on the same layout (fidelity, per TTFT part)."""
+
+from __future__ import annotations
+
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.fleet import start_controller
+from bench.processes import FleetError, ProcessFleet, wait_until
+from bench.scenarios.cache.trace_run import replay_to_end
+from bench.scenarios.whatif.model import (
+    WHATIF_CONTEXT,
+    WHATIF_HARDWARE,
+    WHATIF_LINK,
+    WHATIF_MODEL,
+    Fidelity,
+    SpeedRun,
+    WhatIfOptions,
+    WhatIfResult,
+)
+from controller.config import RoutingSettings
+from controller.replay.schedule import Slice, select
+from controller.replay.trace import TraceRequest, load_trace
+from controller.whatif.engine import EngineShape
+from controller.whatif.fleet import Goals
+from controller.whatif.layout import Layout
+from controller.whatif.run import RunSpec, simulate
+from pdctl_api import profiles
+from pdctl_api.stats import quantiles
+
+TTFT_MS, GAP_MS = 2000.0, 60.0
+
+
+def whatif_spec() -> RunSpec:
+    m = profiles.with_context(profiles.model(WHATIF_MODEL), WHATIF_CONTEXT)
+    shape = EngineShape(m, profiles.hardware(WHATIF_HARDWARE), profiles.link(WHATIF_LINK))
+    return RunSpec(shape, RoutingSettings(), Goals(TTFT_MS, GAP_MS))
+
+
+def speed_run(o: WhatIfOptions, requests: list[TraceRequest]) -> SpeedRun:
+    end = requests[0].time_s + o.speed_minutes * 60
+    chosen = [r for r in requests if r.time_s < end]
+    res = simulate(chosen, Layout(o.speed_decode, 1, o.speed_prefill, 1), whatif_spec())
+    s = res.summary()
+    return SpeedRun(len(chosen), chosen[-1].time_s - chosen[0].time_s, res.wall_s,
+                    res.events, s["ttft_ms"]["p50"] or math.nan, res.attained)
+
+
+def fleet_config(o: WhatIfOptions) -> dict[str, Any]:
+    return {"backend": "sim",
+            "model": {"name": WHATIF_MODEL, "max_model_len": WHATIF_CONTEXT},
+            "hardware": {"accelerator": WHATIF_HARDWARE, "kv_link": WHATIF_LINK},
+            "pools": {"prefill": {"size": o.fidelity_prefill, "tp": 1},
+                      "decode": {"size": o.fidelity_decode, "tp": 1}},
+            "sim": {"time_scale": o.time_scale}}
+
+
+def replay_argv(o: WhatIfOptions, url: str, out: Path) -> list[str]:
+    return [sys.executable, "-m", "controller.cli", "replay", str(o.trace), "--controller",
+            url, "--start-s", f"{o.fidelity_start_s:g}", "--limit", str(o.fidelity_requests),
+            "--time-scale", f"{o.time_scale:g}", "--rate-scale", f"{o.fidelity_rate_scale:g}",
+            "--json", str(out)]
+
+
+def live_records(o: WhatIfOptions, workdir: Path, res: WhatIfResult) -> list[dict[str, Any]]:
+    """The controller's request records of the slice replayed through a live sim fleet."""
+    with ProcessFleet(workdir) as fleet:
+        try:
+            ctl = start_controller(workdir, fleet_config(o), name="pdctl", fleet=fleet,
+                                   log_level="warning", wait="up", timeout_s=60)
+            want = {"prefill": o.fidelity_prefill, "decode": o.fidelity_decode}
+            wait_until("the fleet", lambda: ctl.ready() == want, 180, fleet)
+            out = workdir / "replay.json"
+            started = time.perf_counter()
+            replay_to_end(replay_argv(o, ctl.url, out), workdir / "replay.log", fleet,
+                          timeout_s=max(600.0, 30 * o.fidelity_requests * o.time_scale))
+            res.live_wall_s = time.perf_counter() - started
+            got = ctl.get("/requests", limit=o.fidelity_requests)
+        finally:
+            fleet.stop(first=("pdctl",))
+    rows = got if isinstance(got, list) else got.get("requests", [])
+    return [r for r in rows if r.get("status") == "ok"]
+
+
+def _p(values: list[float]) -> tuple[float, float]:
+    got = quantiles(values, (0.5, 0.9))
+    return (math.nan, math.nan) if got is None else (got[0], got[1])
+
+
+def compare(live: list[dict[str, Any]], des: list[Any], scale: float) -> list[Fidelity]:
+    out = []
+    for part in ("ttft", "queue", "prefill", "transfer", "decode_sched", "gap_p99"):
+        key = f"{part}_ms"
+        lv = _p([float(r[key]) / scale for r in live if r.get(key) is not None])
+        dv = _p([float(getattr(r, key)) for r in des])
+        out.append(Fidelity(part, lv[0], dv[0], lv[1], dv[1]))
+    return out
+
+
+def run_whatif(o: WhatIfOptions) -> WhatIfResult:
+    res = WhatIfResult(o)
+    trace = load_trace(o.trace)
+    res.speed = speed_run(o, list(trace.requests))
+    print(f"  speed: {res.speed.requests} requests over {res.speed.trace_s / 60:.1f} min "
+          f"of trace in {res.speed.wall_s:.1f} s ({res.speed.events:,} events)", flush=True)
+    if o.skip_fidelity:
+        return res
+    sl = Slice(o.fidelity_start_s, o.fidelity_requests, rate_scale=o.fidelity_rate_scale)
+    chosen = select(trace, sl)
+    if o.fidelity_rate_scale != 1.0:
+        t0 = chosen[0].time_s
+        chosen = [TraceRequest(r.line, t0 + (r.time_s - t0) / o.fidelity_rate_scale,
+                               r.input_length, r.output_length, r.hash_ids) for r in chosen]
+    layout = Layout(o.fidelity_decode, 1, o.fidelity_prefill, 1)
+    des = simulate(chosen, layout, whatif_spec())
+    res.des_wall_s = des.wall_s
+    with tempfile.TemporaryDirectory(prefix="bench-whatif-") as tmp:
+        try:
+            live = live_records(o, Path(tmp), res)
+        except (FleetError, httpx.HTTPError, OSError, ValueError, KeyError) as exc:
+            res.error = f"{type(exc).__name__}: {exc}"[:600]
+            return res
+    res.fidelity_requests = len(live)
+    res.live_failed = o.fidelity_requests - len(live)
+    res.fidelity = compare(live, des.served.records, o.time_scale)
+    return res
+
