@@ -222,7 +222,7 @@ def plan_inputs(args: argparse.Namespace) -> tuple[list[TraceRequest], RunSpec, 
     return requests, spec, space, notes
 
 
-def _ms(v: float | None) -> str:
+def _cell_ms(v: float | None) -> str:
     return "-" if v is None else f"{v:,.0f}"
 
 
@@ -235,8 +235,8 @@ def plan_table(cands: list[LayoutResult]) -> str:
         lines.append(
             f"{i:>2}  {c.layout.label:<46} {c.layout.accelerators:>4} {c.attained:>7.1%} "
             f"{c.goodput_per_s:>7.2f} {c.per_accelerator:>8.3f} "
-            f"{_ms(s['ttft_ms']['p50']):>9} {_ms(s['ttft_ms']['p90']):>7} "
-            f"{_ms(s['gap_p99_ms']):>8}" + ("" if c.meets else "  (misses)"))
+            f"{_cell_ms(s['ttft_ms']['p50']):>9} {_cell_ms(s['ttft_ms']['p90']):>7} "
+            f"{_cell_ms(s['gap_p99_ms']):>8}" + ("" if c.meets else "  (misses)"))
     return "\n".join(lines)
 
 

@@ -26,19 +26,19 @@ from controller.cli.plan import plan_inputs
 from controller.whatif.search import LayoutResult, search
 
 # (model, accelerator, budget, TPs, context)
-MODELS: tuple[tuple[str, str, int, str, int], ...] = (
+RULE_MODELS: tuple[tuple[str, str, int, str, int], ...] = (
     ("llama-3.1-8b", "h100-sxm", 16, "1,2", 32768),
     ("llama-3.1-70b", "h100-sxm", 32, "2,4", 32768),
     ("llama-3.1-405b", "h200", 64, "8", 32768),
 )
-CLASSES: tuple[tuple[str, str], ...] = (("< 1k", "0-1024"), ("4k-10k", "4096-10240"),
+PROMPT_CLASSES: tuple[tuple[str, str], ...] = (("< 1k", "0-1024"), ("4k-10k", "4096-10240"),
                                         ("> 10k", "10240-"))
 
 
 @dataclass
 class RulesOptions:
     minutes: float = 10.0
-    models: tuple[str, ...] = tuple(m[0] for m in MODELS)
+    models: tuple[str, ...] = tuple(m[0] for m in RULE_MODELS)
 
     @classmethod
     def defaults(cls, quick: bool) -> RulesOptions:
@@ -46,7 +46,7 @@ class RulesOptions:
 
 
 @dataclass
-class Cell:
+class RuleCell:
     model: str
     prompts: str
     requests: int = 0
@@ -68,7 +68,7 @@ class Cell:
 @dataclass
 class RulesResult:
     options: RulesOptions
-    cells: list[Cell] = field(default_factory=list)
+    cells: list[RuleCell] = field(default_factory=list)
 
 
 def _first(cands: list[LayoutResult], disaggregated: bool | None) -> dict[str, Any] | None:
@@ -80,10 +80,10 @@ def _first(cands: list[LayoutResult], disaggregated: bool | None) -> dict[str, A
 
 def run_rules(o: RulesOptions) -> RulesResult:
     res = RulesResult(o)
-    for model, acc, budget, tps, context in MODELS:
+    for model, acc, budget, tps, context in RULE_MODELS:
         if model not in o.models:
             continue
-        for name, prompts in CLASSES:
+        for name, prompts in PROMPT_CLASSES:
             args = build_parser().parse_args([
                 "plan", str(TRACE), "--model", model, "--accelerator", acc, "--budget",
                 str(budget), "--tp", tps, "--context", str(context), "--minutes",
@@ -91,7 +91,7 @@ def run_rules(o: RulesOptions) -> RulesResult:
             requests, spec, space, _ = plan_inputs(args)
             started = time.perf_counter()
             cands = search(requests, spec, space)
-            cell = Cell(model, name, len(requests), len(cands),
+            cell = RuleCell(model, name, len(requests), len(cands),
                         time.perf_counter() - started, _first(cands, None),
                         _first(cands, False), _first(cands, True))
             print(f"  {model} {name}: {cell.requests} requests, {cell.runs} layouts, "

@@ -7,9 +7,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.report import ROOT
+from bench.scenarios.cache.model import TRACE
 
-TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
 WHATIF_MODEL = "llama-3.1-8b"
 WHATIF_CONTEXT = 32768  # Mooncake's prompts average 12k tokens; most fit whole
 WHATIF_HARDWARE = "h100-sxm"

@@ -54,7 +54,7 @@ def speed_run(o: WhatIfOptions, requests: list[TraceRequest]) -> SpeedRun:
                     res.events, s["ttft_ms"]["p50"] or math.nan, res.attained)
 
 
-def fleet_config(o: WhatIfOptions) -> dict[str, Any]:
+def whatif_fleet_config(o: WhatIfOptions) -> dict[str, Any]:
     return {"backend": "sim",
             "model": {"name": WHATIF_MODEL, "max_model_len": WHATIF_CONTEXT},
             "hardware": {"accelerator": WHATIF_HARDWARE, "kv_link": WHATIF_LINK},
@@ -63,7 +63,7 @@ def fleet_config(o: WhatIfOptions) -> dict[str, Any]:
             "sim": {"time_scale": o.time_scale}}
 
 
-def replay_argv(o: WhatIfOptions, url: str, out: Path) -> list[str]:
+def whatif_replay_argv(o: WhatIfOptions, url: str, out: Path) -> list[str]:
     return [sys.executable, "-m", "controller.cli", "replay", str(o.trace), "--controller",
             url, "--start-s", f"{o.fidelity_start_s:g}", "--limit", str(o.fidelity_requests),
             "--time-scale", f"{o.time_scale:g}", "--rate-scale", f"{o.fidelity_rate_scale:g}",
@@ -74,13 +74,13 @@ def live_records(o: WhatIfOptions, workdir: Path, res: WhatIfResult) -> list[dic
     """The controller's request records of the slice replayed through a live sim fleet."""
     with ProcessFleet(workdir) as fleet:
         try:
-            ctl = start_controller(workdir, fleet_config(o), name="pdctl", fleet=fleet,
+            ctl = start_controller(workdir, whatif_fleet_config(o), name="pdctl", fleet=fleet,
                                    log_level="warning", wait="up", timeout_s=60)
             want = {"prefill": o.fidelity_prefill, "decode": o.fidelity_decode}
             wait_until("the fleet", lambda: ctl.ready() == want, 180, fleet)
             out = workdir / "replay.json"
             started = time.perf_counter()
-            replay_to_end(replay_argv(o, ctl.url, out), workdir / "replay.log", fleet,
+            replay_to_end(whatif_replay_argv(o, ctl.url, out), workdir / "replay.log", fleet,
                           timeout_s=max(600.0, 30 * o.fidelity_requests * o.time_scale))
             res.live_wall_s = time.perf_counter() - started
             got = ctl.get("/requests", limit=o.fidelity_requests)
@@ -90,7 +90,7 @@ def live_records(o: WhatIfOptions, workdir: Path, res: WhatIfResult) -> list[dic
     return [r for r in rows if r.get("status") == "ok"]
 
 
-def _p(values: list[float]) -> tuple[float, float]:
+def _p50_p90(values: list[float]) -> tuple[float, float]:
     got = quantiles(values, (0.5, 0.9))
     return (math.nan, math.nan) if got is None else (got[0], got[1])
 
@@ -99,8 +99,8 @@ def compare(live: list[dict[str, Any]], des: list[Any], scale: float) -> list[Fi
     out = []
     for part in ("ttft", "queue", "prefill", "transfer", "decode_sched", "gap_p99"):
         key = f"{part}_ms"
-        lv = _p([float(r[key]) / scale for r in live if r.get(key) is not None])
-        dv = _p([float(getattr(r, key)) for r in des])
+        lv = _p50_p90([float(r[key]) / scale for r in live if r.get(key) is not None])
+        dv = _p50_p90([float(getattr(r, key)) for r in des])
         out.append(Fidelity(part, lv[0], dv[0], lv[1], dv[1]))
     return out
 

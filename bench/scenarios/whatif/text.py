@@ -7,7 +7,7 @@ import math
 from bench.scenarios.whatif.model import WhatIfResult
 
 
-def _ms(v: float) -> str:
+def _fid_ms(v: float) -> str:
     return "-" if math.isnan(v) else f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
 
 
@@ -22,7 +22,7 @@ def whatif_report(r: WhatIfResult) -> str:
         f"({s.trace_s / 60:.1f} min of trace) on {o.speed_prefill} prefill + "
         f"{o.speed_decode} decode instances (TP1, {s.events:,} events): "
         f"{s.wall_s:.1f} s on one core ({s.trace_s / s.wall_s:,.0f}x the trace's time); "
-        f"TTFT p50 {_ms(s.ttft_p50_ms)} ms, {s.within_share:.1%} within targets.",
+        f"TTFT p50 {_fid_ms(s.ttft_p50_ms)} ms, {s.within_share:.1%} within targets.",
     ]
     if o.skip_fidelity:
         return "\n".join(lines)
@@ -40,7 +40,7 @@ def whatif_report(r: WhatIfResult) -> str:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for f in r.fidelity:
-        lines.append(f"| {f.part} | {_ms(f.live_p50)} | {_ms(f.des_p50)} | "
-                     f"{_pct(f.p50_error)} | {_ms(f.live_p90)} | {_ms(f.des_p90)} | "
+        lines.append(f"| {f.part} | {_fid_ms(f.live_p50)} | {_fid_ms(f.des_p50)} | "
+                     f"{_pct(f.p50_error)} | {_fid_ms(f.live_p90)} | {_fid_ms(f.des_p90)} | "
                      f"{_pct(f.p90_error)} |")
     return "\n".join(lines)
