@@ -9,6 +9,7 @@ and the advisor all use these functions, so a number is defined once.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -43,11 +44,11 @@ class ModelProfile:
     dtype_bytes: int = 2
     max_model_len: int = 8192
 
-    @property
+    @functools.cached_property
     def weight_bytes(self) -> float:
         return self.params * self.dtype_bytes
 
-    @property
+    @functools.cached_property
     def kv_bytes_per_token(self) -> int:
         """K and V for every layer: 2 x layers x kv_heads x head_dim x dtype_bytes."""
         return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
@@ -235,12 +236,22 @@ def step_seconds(m: ModelProfile, hw: HardwareProfile, tp: int, prefill_tokens: 
     attention over its context. Memory: the weights once per step plus every decoding
     sequence's KV cache, read at ``bandwidth_util`` of peak on ``tp`` accelerators.
     """
+    return batch_seconds(m, hw, tp, prefill_tokens, prefill_context, len(decode_contexts),
+                         sum(decode_contexts), eff)
+
+
+def batch_seconds(m: ModelProfile, hw: HardwareProfile, tp: int, prefill_tokens: int,
+                  prefill_context: int, decoding: int, decode_context: int,
+                  eff: Efficiency = Efficiency()) -> float:
+    """``step_seconds`` of ``decoding`` sequences whose contexts add up to ``decode_context``
+    (all the decode term needs)."""
     flops = prefill_flops(m, prefill_tokens, prefill_context) if prefill_tokens else 0.0
-    for ctx in decode_contexts:
-        flops += 2.0 * m.params + 4.0 * m.layers * m.heads * m.head_dim * ctx
+    if decoding:
+        flops += (2.0 * m.params * decoding
+                  + 4.0 * m.layers * m.heads * m.head_dim * decode_context)
     mfu = eff.prefill_mfu if prefill_tokens else eff.decode_mfu
     compute = flops / (hw.peak_flops * mfu * tp)
-    nbytes = m.weight_bytes + sum(decode_contexts) * m.kv_bytes_per_token
+    nbytes = m.weight_bytes + decode_context * m.kv_bytes_per_token
     memory = nbytes / (hw.mem_bandwidth * eff.bandwidth_util * tp)
     return max(compute, memory) + eff.step_overhead_s
 

@@ -9,10 +9,21 @@ waits, its blocks reserved, for the transfer of the blocks its own prefix cache 
 prefill engine's handle is freed when the transfer ends. As in the live engine, transfers on
 one link do not slow each other, and a decode engine renews the leases it waits on, so no
 handle expires in a run.
+
+Runs of decode steps are one event: when every running sequence decodes, nothing waits, every
+one has had its first token and none finishes for a while, the step times of the next steps
+follow from the batch alone (contexts grow by one a step), so the engine schedules one event
+at the end of the run. Anything that reaches the engine before then (a new request, a freed
+handle) first applies the steps done by its time (``Scheduler.advance_decodes``: blocks taken
+in the same order) and turns the step in progress back into an ordinary one. The results are
+those of stepping one by one (``tests/unit/whatif/test_des.py``); only the router's view of
+which prompt blocks the engine still caches can lag inside a run (decode tokens evict none
+unless the pool must make room).
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -22,6 +33,9 @@ from controller.engines.sim.scheduler import Scheduler, Seq, StepPlan
 from controller.models import Instance
 from controller.whatif.events import EventQueue
 from pdctl_api import profiles
+
+
+RUN_MIN_STEPS = 4  # shorter decode runs are stepped one by one
 
 
 @dataclass(frozen=True)
@@ -78,8 +92,12 @@ class DesEngine:
     busy_s: float = 0.0  # modelled seconds spent in steps
     steps: int = 0
     kv_bytes: int = 0  # pulled by this engine
+    fast: bool = True  # runs of decode steps as one event
     _hops: dict[str, Hop] = field(default_factory=dict)
     _stepping: bool = False  # a step runs or is due
+    # a run of decode steps: its first step's plan, each step's end; the run's generation
+    _run: tuple[StepPlan, list[float]] | None = None
+    _generation: int = 0
 
     def __post_init__(self) -> None:
         s = self.shape
@@ -92,6 +110,8 @@ class DesEngine:
         return self.instance.id
 
     def submit(self, hop: Hop) -> None:
+        if self._run is not None:
+            self._split()
         hop.arrived = self.events.now
         self.scheduler.add(hop.seq)
         self._hops[hop.seq.seq_id] = hop
@@ -99,6 +119,8 @@ class DesEngine:
 
     def release(self, handle_id: str) -> None:
         """A decode engine read (or gave up) the KV under ``handle_id``: its blocks are free."""
+        if self._run is not None:
+            self._split()
         if self.scheduler.pull(handle_id) is not None:
             self._kick()
 
@@ -130,7 +152,11 @@ class DesEngine:
         took = step_duration(s.model, s.hardware, inst.tp, prefill, decode)
         self.busy_s += took
         self.steps += 1
-        self.events.at(now + took, self._complete, plan)
+        run = self._run_length(plan, prefill) if self.fast else 0
+        if run:
+            self._start_run(plan, len(decode), sum(decode), now + took, run)
+        else:
+            self.events.at(now + took, self._complete, plan)
 
     def _complete(self, plan: StepPlan) -> None:
         now = self.events.now
@@ -143,6 +169,84 @@ class DesEngine:
             hop.finished_at = now
             hop.listener.finished(hop)
         self._step()
+
+    # ---- runs of decode steps ----------------------------------------------------------------
+
+    def _run_length(self, plan: StepPlan, prefill: list[tuple[int, int]]) -> int:
+        """Steps from this one the engine may take as one event (0: step by step)."""
+        sched = self.scheduler
+        if prefill or sched.waiting or len(plan.chunks) != len(sched.running):
+            return 0
+        steps = min(s.max_tokens - s.num_output for s in sched.running) - 1
+        if steps < RUN_MIN_STEPS:
+            return 0
+        hops = self._hops
+        if any(hops[s.seq_id].first_at is None for s in sched.running):
+            return 0  # a first token tells the router something: at its own time
+        if sched.decode_growth(steps) > sched.pool.free:
+            return 0  # a step would preempt
+        return steps
+
+    def _start_run(self, plan: StepPlan, batch: int, context: int, first_end: float,
+                   steps: int) -> None:
+        s, tp = self.shape, self.instance.tp
+        ends, t = [first_end], first_end
+        for j in range(1, steps):
+            t += profiles.batch_seconds(s.model, s.hardware, tp, 0, 0, batch,
+                                        context + batch * j)
+            ends.append(t)
+        self._run = (plan, ends)
+        self._generation += 1
+        self.events.at(t, self._run_done, self._generation)
+
+    def _run_done(self, generation: int) -> None:
+        if generation != self._generation or self._run is None:
+            return  # split before its end
+        self._apply_run(len(self._run[1]))
+        self._run = None
+        self._step()
+
+    def _apply_run(self, done: int) -> None:
+        """The run's first ``done`` steps happened: tokens at their ends."""
+        assert self._run is not None
+        plan, ends = self._run
+        sched, hops = self.scheduler, self._hops
+        sched.complete(plan, ends[0])
+        seqs = [seq for seq, _ in plan.chunks]
+        for seq in seqs:
+            hops[seq.seq_id].token(ends[0])
+        if done > 1:
+            sched.advance_decodes(done - 1)
+            gaps = [ends[j] - ends[j - 1] for j in range(1, done)]
+            for seq in seqs:
+                hop = hops[seq.seq_id]
+                if hop.gaps is not None:
+                    hop.gaps.extend(gaps)
+                hop.last_at = ends[done - 1]
+            self.busy_s += ends[done - 1] - ends[0]
+            self.steps += done - 1
+
+    def _split(self) -> None:
+        """Something reaches the engine inside a run: the steps done by now happen, and the
+        step in progress goes on as an ordinary step."""
+        assert self._run is not None
+        plan, ends = self._run
+        now = self.events.now
+        done = bisect.bisect_right(ends, now)
+        self._generation += 1  # the run's own end event is void
+        if done == 0:
+            self._run = None
+            self.events.at(ends[0], self._complete, plan)
+            return
+        self._apply_run(done)
+        self._run = None
+        if done == len(ends):
+            self._step()
+            return
+        step = self.scheduler.schedule()  # what the engine planned at ends[done - 1]
+        self.busy_s += ends[done] - ends[done - 1]
+        self.steps += 1
+        self.events.at(ends[done], self._complete, step)
 
     # ---- KV from a prefill engine ----------------------------------------------------------
 

@@ -92,7 +92,7 @@ class Outcomes:
 
 class DesFleet:
     def __init__(self, events: EventQueue, layout: Layout, shape: EngineShape,
-                 routing: RoutingSettings, targets: Goals) -> None:
+                 routing: RoutingSettings, targets: Goals, fast: bool = True) -> None:
         self.events = events
         self.layout = layout
         self.shape = shape
@@ -105,7 +105,7 @@ class DesFleet:
             members = [Instance(f"{role.value}-{i}", role, tp, "des://",
                                 InstanceState.READY) for i in range(count)]
             for inst in members:
-                self.engines[inst.id] = DesEngine(events, inst, shape)
+                self.engines[inst.id] = DesEngine(events, inst, shape, fast=fast)
             self.table.set_members(role, members)
         self.table.index = EngineTruth(self.engines, shape.block_size)
         self.rates = HandoffRates(roofline_prior(shape.model, shape.hardware, shape.link,

@@ -77,14 +77,15 @@ def part_quantiles(values: list[float]) -> dict[str, float | None]:
 
 
 def simulate(requests: list[TraceRequest], layout: Layout, spec: RunSpec,
-             rate_scale: float = 1.0) -> RunResult:
+             rate_scale: float = 1.0, fast: bool = True) -> RunResult:
+    """``fast``: runs of decode steps as one event each (the same results, sooner)."""
     if not requests:
         raise ValueError("no requests to simulate")
     if rate_scale <= 0:
         raise ValueError(f"rate scale must be positive, got {rate_scale}")
     started = time.perf_counter()
     events = EventQueue()
-    fleet = DesFleet(events, layout, spec.shape, spec.routing, spec.targets)
+    fleet = DesFleet(events, layout, spec.shape, spec.routing, spec.targets, fast)
     context = spec.context or spec.shape.model.max_model_len
     t0 = requests[0].time_s
     due = 0.0

@@ -24,6 +24,7 @@ Events (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``) are recorded on
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from controller.kvevents.hashing import block_contents, pack_ids
@@ -134,14 +135,14 @@ class BlockPool:
         evicted: list[EngineBlockHash] = []
         # One pass over the queue's head: ``next(iter(...))`` per block would rescan the
         # holes that deletions leave at a dict's front (quadratic in a busy engine).
-        head = iter(self._queue)
-        victims = [next(head) for _ in range(n - fresh)]
+        victims = list(itertools.islice(self._queue, n - fresh))
+        queue = self._queue
         for b in victims:
-            del self._queue[b]
+            del queue[b]
             h = self._uncache(b)
             if h is not None:
                 evicted.append(h)
-            ids.append(b)
+        ids += victims
         for b in ids:
             self._refs[b] = 1
         self.used += n

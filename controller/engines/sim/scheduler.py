@@ -263,6 +263,36 @@ class Scheduler:
             self.running = [s for s in self.running if s.status is Status.RUNNING]
         return StepResult(tokens, finished)
 
+    # ---- runs of decode steps (the discrete-event driver) ------------------------------------
+
+    def _growth(self, steps: int) -> list[tuple[int, int, Seq]]:
+        """(step, position, sequence) of each block the running sequences take in the next
+        ``steps`` decode steps, in the order ``schedule`` would take them."""
+        bs = self.block_size
+        out: list[tuple[int, int, Seq]] = []
+        for pos, seq in enumerate(self.running):
+            first = len(seq.blocks) * bs - seq.num_computed + 1  # the step that overflows
+            out.extend((j, pos, seq) for j in range(max(first, 1), steps + 1, bs))
+        out.sort(key=lambda g: (g[0], g[1]))
+        return out
+
+    def decode_growth(self, steps: int) -> int:
+        """Blocks the running sequences would take in ``steps`` decode-only steps from now
+        (the step already planned counts as the first)."""
+        return len(self._growth(steps))
+
+    def advance_decodes(self, steps: int) -> None:
+        """Apply ``steps`` decode-only steps to every running sequence at once, as
+        ``schedule`` and ``complete`` would one by one: blocks taken in the same order, one
+        token each per step. The caller checks what makes that so: nothing waits, every
+        running sequence decodes, none finishes within ``steps`` and the pool has room
+        (``decode_growth``), so no step admits, preempts or finishes."""
+        for _, _, seq in self._growth(steps):
+            seq.blocks.extend(self.pool.take(1))
+        for seq in self.running:
+            seq.num_computed += steps
+            seq.num_output += steps
+
     # ---- internals -------------------------------------------------------------------------
 
     def _schedule_decodes(self, plan: StepPlan, budget: int) -> int:

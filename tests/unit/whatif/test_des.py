@@ -128,3 +128,29 @@ def test_the_slo_policy_serves_a_prompt_the_decode_instance_holds_locally() -> N
     assert slo[1].decode_cached_tokens_predicted is None  # local: no KV moved
     assert "local ~" in (slo[1].decision_reason or "")
     assert slo[1].ttft_ms < fixed[1].ttft_ms
+
+
+@pytest.mark.parametrize("policy", ["least_loaded", "round_robin"])
+def test_runs_of_decode_steps_as_one_event_give_the_same_results(policy: str) -> None:
+    """Poisson arrivals of mixed lengths on 1 prefill + 2 decode: every request's times,
+    parts and gaps equal with decode runs as one event and stepped one by one."""
+    rng = random.Random(3)
+    t, reqs = 0.0, []
+    for i in range(300):
+        t += rng.expovariate(40.0)
+        prompt, out = rng.choice((100, 700, 1500)), rng.randint(1, 120)
+        reqs += requests([t], prompt, out, shared=rng.randint(0, 1))
+        reqs[-1] = reqs[-1].__class__(i + 1, t, prompt, out, reqs[-1].hash_ids)
+    routing = RoutingSettings(disagg_min_prompt_tokens=512, decode_policy=policy)
+    hw = kv_box(6000)  # tight: decode runs meet a full pool now and then
+    fast = simulate(reqs, Layout(2, 1, 1, 1), spec(routing, hw=hw), fast=True)
+    slow = simulate(reqs, Layout(2, 1, 1, 1), spec(routing, hw=hw), fast=False)
+    assert fast.events < slow.events / 2
+    for a, b in zip(fast.served.records, slow.served.records, strict=True):
+        assert (a.decode_instance, a.prefill_instance, a.ttft_ms, a.e2e_ms, a.queue_ms,
+                a.prefill_ms, a.transfer_ms, a.decode_sched_ms, a.gap_p99_ms, a.gap_max_ms,
+                a.gaps, a.cached_tokens) == (
+                b.decode_instance, b.prefill_instance, b.ttft_ms, b.e2e_ms, b.queue_ms,
+                b.prefill_ms, b.transfer_ms, b.decode_sched_ms, b.gap_p99_ms, b.gap_max_ms,
+                b.gaps, b.cached_tokens)
+    assert fast.busy_s == pytest.approx(slow.busy_s, rel=1e-9)
