@@ -34,7 +34,6 @@ from controller.models import Instance
 from controller.whatif.events import EventQueue
 from pdctl_api import profiles
 
-
 RUN_MIN_STEPS = 4  # shorter decode runs are stepped one by one
 
 
