@@ -4,36 +4,31 @@ the argument types that check numbers."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 SubParsers = Any  # argparse's _SubParsersAction is private
+N = TypeVar("N", int, float)
+
+
+def _number(text: str, kind: Callable[[str], N], ok: Callable[[N], bool], need: str) -> N:
+    try:
+        value = kind(text)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: {need}")
+    return value
 
 
 def positive_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be positive")
-    return value
+    return _number(text, float, lambda v: v > 0, "must be positive")
 
 
 def count_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
-    return value
+    return _number(text, int, lambda v: v >= 1, "must be at least 1")
 
 
 def seconds_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 0")
-    return value
+    return _number(text, float, lambda v: v >= 0, "must be at least 0")
