@@ -11,7 +11,7 @@ SubParsers = Any  # argparse's _SubParsersAction is private
 N = TypeVar("N", int, float)
 
 
-def _number(text: str, kind: Callable[[str], N], ok: Callable[[N], bool], need: str) -> N:
+def _parsed(text: str, kind: Callable[[str], N], ok: Callable[[N], bool], need: str) -> N:
     try:
         value = kind(text)
     except ValueError:
@@ -23,12 +23,12 @@ def _number(text: str, kind: Callable[[str], N], ok: Callable[[N], bool], need: 
 
 
 def positive_arg(text: str) -> float:
-    return _number(text, float, lambda v: v > 0, "must be positive")
+    return _parsed(text, float, lambda v: v > 0, "must be positive")
 
 
 def count_arg(text: str) -> int:
-    return _number(text, int, lambda v: v >= 1, "must be at least 1")
+    return _parsed(text, int, lambda v: v >= 1, "must be at least 1")
 
 
 def seconds_arg(text: str) -> float:
-    return _number(text, float, lambda v: v >= 0, "must be at least 0")
+    return _parsed(text, float, lambda v: v >= 0, "must be at least 0")
