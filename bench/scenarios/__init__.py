@@ -13,6 +13,7 @@ from bench.scenarios.handoff import HandoffScenario
 from bench.scenarios.lab import LabScenario
 from bench.scenarios.measure_lab import MeasureLabTool
 from bench.scenarios.nixl import NixlTool
+from bench.scenarios.plan_check import PlanCheckTool
 from bench.scenarios.plan_rules import PlanRulesTool
 from bench.scenarios.planner import PlannerScenario
 from bench.scenarios.ray_start import RayStartScenario
@@ -24,4 +25,4 @@ from bench.scenarios.whatif import WhatIfScenario
 SCENARIOS: tuple[Scenario[Any, Any], ...] = (
     RouterScenario(), CacheScenario(), LabScenario(), ScaleScenario(), ConsoleScenario(),
     RayStartScenario(), PlannerScenario(), HandoffScenario(), SoakScenario(), WhatIfScenario(),
-    NixlTool(), MeasureLabTool(), PlanRulesTool())
+    NixlTool(), MeasureLabTool(), PlanRulesTool(), PlanCheckTool())
