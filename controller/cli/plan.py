@@ -204,15 +204,11 @@ def plan_inputs(args: argparse.Namespace) -> tuple[list[TraceRequest], RunSpec, 
         among = "" if args.prompts is None else " with prompts in the range given"
         raise PlanError(f"{args.trace}: no requests{among} between {args.start_s:g} s and "
                         f"{end:g} s (the trace spans {trace.span_s:,.0f} s)")
-    if args.rate_scale != 1.0:
-        t0 = requests[0].time_s
-        requests = [TraceRequest(r.line, t0 + (r.time_s - t0) / args.rate_scale,
-                                 r.input_length, r.output_length, r.hash_ids)
-                    for r in requests]
     routing = RoutingSettings(disagg_min_prompt_tokens=args.disagg_min_prompt_tokens,
                               decode_policy=args.decode_policy,
                               prefill_policy=args.prefill_policy)
-    spec = RunSpec(EngineShape(m, hw, lk), routing, Goals(args.ttft_ms, args.gap_ms))
+    spec = RunSpec(EngineShape(m, hw, lk), routing, Goals(args.ttft_ms, args.gap_ms),
+                   rate_scale=args.rate_scale)
     try:
         space = Space(args.budget, tps, args.policies, args.floor,
                       colocated=args.only != "disaggregated",
@@ -268,7 +264,7 @@ def run_plan(args: argparse.Namespace) -> int:
         return 2
     for note in notes:
         print(f"left out {note}", file=sys.stderr)
-    span = requests[-1].time_s - requests[0].time_s
+    span = (requests[-1].time_s - requests[0].time_s) / spec.rate_scale
     print(f"planning for {len(requests):,} requests over {span / 60:.1f} min "
           f"({len(requests) / max(span, 1e-9):.2f}/s), TP {', '.join(map(str, space.tps))}, "
           f"budget {space.budget}", file=sys.stderr)

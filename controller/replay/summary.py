@@ -59,7 +59,8 @@ def class_of(input_length: int) -> str:
     raise ValueError(f"no class for {input_length}")
 
 
-def _p(values: list[float], qs: tuple[float, ...]) -> list[float | None]:
+def rounded_quantiles(values: list[float], qs: tuple[float, ...]) -> list[float | None]:
+    """``pdctl_api.stats.quantiles`` to the microsecond of a ms value; Nones without values."""
     got = quantiles(values, qs)
     return [None] * len(qs) if got is None else [round(v, 3) for v in got]
 
@@ -82,15 +83,15 @@ def summarize(rows: list[ReplayRow], ttft_ms: float, gap_ms: float, wall_s: floa
     reported = [r for r in ok if r.cached_tokens is not None]
     prompt = sum(r.prompt_tokens for r in reported)
     lag = [max(0.0, r.sent_s - r.due_s) * 1e3 for r in rows if r.sent_s is not None]
-    t50, t90, t99 = _p(ttft, (0.5, 0.9, 0.99))
-    e50, e99 = _p(e2e, (0.5, 0.99))
+    t50, t90, t99 = rounded_quantiles(ttft, (0.5, 0.9, 0.99))
+    e50, e99 = rounded_quantiles(e2e, (0.5, 0.99))
     return {
         "requests": len(rows), "ok": len(ok), "failed": len(rows) - len(ok),
         "failed_by_reason": dict(Counter(r.reason or "unknown" for r in rows if not r.ok)
                                  .most_common()),
         "clamped": sum(r.clamped for r in rows),
         "ttft_ms": {"p50": t50, "p90": t90, "p99": t99},
-        "gap_p99_ms": _p(gaps, (0.99,))[0],
+        "gap_p99_ms": rounded_quantiles(gaps, (0.99,))[0],
         "e2e_ms": {"p50": e50, "p99": e99},
         "goodput": {"requests": good,
                     "share": round(good / len(rows), 4) if rows else None,
@@ -98,7 +99,7 @@ def summarize(rows: list[ReplayRow], ttft_ms: float, gap_ms: float, wall_s: floa
         "cache_hit_rate": (round(sum(r.cached_tokens or 0 for r in reported) / prompt, 4)
                            if prompt else None),
         "cache_reported_by": len(reported),
-        "send_lag_ms": dict(zip(("p99", "max"), _p(lag, (0.99, 1.0)), strict=True)),
+        "send_lag_ms": dict(zip(("p99", "max"), rounded_quantiles(lag, (0.99, 1.0)), strict=True)),
     }
 
 

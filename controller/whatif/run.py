@@ -1,7 +1,8 @@
 """One discrete-event run: a trace's requests on one layout, and what they measured.
 
-Requests arrive at their trace times divided by ``rate_scale`` (open loop, as ``pdctl replay``
-sends them), their lengths fitted to the model's context as the replay fits them. The run ends
+Requests arrive at their trace times divided by ``RunSpec.rate_scale`` (open loop, as
+``pdctl replay`` sends them), their lengths fitted to the model's context as the replay fits
+them. The run ends
 when the last request has finished; every request finishes (the model has no failures).
 """
 
@@ -13,14 +14,13 @@ from typing import Any
 
 from controller.config import RoutingSettings
 from controller.replay.prompts import fit_context
-from controller.replay.summary import summarize
+from controller.replay.summary import met, rounded_quantiles, summarize
 from controller.replay.trace import TraceRequest
 from controller.whatif.engine import EngineShape
 from controller.whatif.events import EventQueue
 from controller.whatif.fleet import DesFleet, Goals, Outcomes
 from controller.whatif.layout import Layout
 from pdctl_api.schema.requests import PARTS
-from pdctl_api.stats import quantiles
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class RunSpec:
     routing: RoutingSettings
     targets: Goals
     context: int | None = None  # tokens of context served (None: the model's)
+    rate_scale: float = 1.0  # the trace's request rate multiplied (its times divided)
 
 
 @dataclass
@@ -47,9 +48,7 @@ class RunResult:
     @property
     def good(self) -> int:
         t = self.targets
-        return sum(1 for r in self.served.rows if r.ok and r.ttft_ms is not None
-                   and r.ttft_ms <= t.ttft_ms
-                   and (r.gap_p99_ms is None or r.gap_p99_ms <= t.gap_ms))
+        return sum(met(r, t.ttft_ms, t.gap_ms) for r in self.served.rows)
 
     @property
     def attained(self) -> float:
@@ -70,15 +69,14 @@ class RunResult:
 
 
 def part_quantiles(values: list[float]) -> dict[str, float | None]:
-    got = quantiles(values, (0.5, 0.9, 0.99))
-    if got is None:
-        return {"p50": None, "p90": None, "p99": None}
-    return dict(zip(("p50", "p90", "p99"), (round(v, 3) for v in got), strict=True))
+    return dict(zip(("p50", "p90", "p99"), rounded_quantiles(values, (0.5, 0.9, 0.99)),
+                    strict=True))
 
 
 def simulate(requests: list[TraceRequest], layout: Layout, spec: RunSpec,
-             rate_scale: float = 1.0, fast: bool = True) -> RunResult:
+             fast: bool = True) -> RunResult:
     """``fast``: runs of decode steps as one event each (the same results, sooner)."""
+    rate_scale = spec.rate_scale
     if not requests:
         raise ValueError("no requests to simulate")
     if rate_scale <= 0:
@@ -93,6 +91,7 @@ def simulate(requests: list[TraceRequest], layout: Layout, spec: RunSpec,
         due = (req.time_s - t0) / rate_scale
         events.at(due, fleet.arrive, i, req, fit_context(req, context), due)
     events.run()
+    fleet.table.store.close()
     served = fleet.served
     served.rows.sort(key=lambda r: r.index)
     busy: dict[str, float] = {}

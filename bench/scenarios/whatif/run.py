@@ -39,10 +39,10 @@ from pdctl_api.stats import quantiles
 TTFT_MS, GAP_MS = 2000.0, 60.0
 
 
-def whatif_spec() -> RunSpec:
+def whatif_spec(rate_scale: float = 1.0) -> RunSpec:
     m = profiles.with_context(profiles.model(WHATIF_MODEL), WHATIF_CONTEXT)
     shape = EngineShape(m, profiles.hardware(WHATIF_HARDWARE), profiles.link(WHATIF_LINK))
-    return RunSpec(shape, RoutingSettings(), Goals(TTFT_MS, GAP_MS))
+    return RunSpec(shape, RoutingSettings(), Goals(TTFT_MS, GAP_MS), rate_scale=rate_scale)
 
 
 def speed_run(o: WhatIfOptions, requests: list[TraceRequest]) -> SpeedRun:
@@ -115,12 +115,8 @@ def run_whatif(o: WhatIfOptions) -> WhatIfResult:
         return res
     sl = Slice(o.fidelity_start_s, o.fidelity_requests, rate_scale=o.fidelity_rate_scale)
     chosen = select(trace, sl)
-    if o.fidelity_rate_scale != 1.0:
-        t0 = chosen[0].time_s
-        chosen = [TraceRequest(r.line, t0 + (r.time_s - t0) / o.fidelity_rate_scale,
-                               r.input_length, r.output_length, r.hash_ids) for r in chosen]
     layout = Layout(o.fidelity_decode, 1, o.fidelity_prefill, 1)
-    des = simulate(chosen, layout, whatif_spec())
+    des = simulate(chosen, layout, whatif_spec(o.fidelity_rate_scale))
     res.des_wall_s = des.wall_s
     with tempfile.TemporaryDirectory(prefix="bench-whatif-") as tmp:
         try:

@@ -154,3 +154,13 @@ def test_runs_of_decode_steps_as_one_event_give_the_same_results(policy: str) ->
                 b.prefill_ms, b.transfer_ms, b.decode_sched_ms, b.gap_p99_ms, b.gap_max_ms,
                 b.gaps, b.cached_tokens)
     assert fast.busy_s == pytest.approx(slow.busy_s, rel=1e-9)
+
+
+def test_the_rate_scale_divides_the_trace_s_times() -> None:
+    reqs = requests([0.0, 4.0, 8.0], 100, 2)
+    base = spec()
+    faster = RunSpec(base.shape, base.routing, base.targets, rate_scale=2.0)
+    assert simulate(reqs, Layout(1, 1), base).window_s == 8.0
+    rows = simulate(reqs, Layout(1, 1), faster).served.rows
+    assert [r.due_s for r in rows] == [0.0, 2.0, 4.0]
+    assert [r.trace_s for r in rows] == [0.0, 4.0, 8.0]  # the trace's own times
