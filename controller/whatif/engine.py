@@ -89,8 +89,6 @@ class DesEngine:
     shape: EngineShape
     scheduler: Scheduler = field(init=False)
     busy_s: float = 0.0  # modelled seconds spent in steps
-    steps: int = 0
-    kv_bytes: int = 0  # pulled by this engine
     fast: bool = True  # runs of decode steps as one event
     _hops: dict[str, Hop] = field(default_factory=dict)
     _stepping: bool = False  # a step runs or is due
@@ -103,10 +101,6 @@ class DesEngine:
         self.scheduler = Scheduler(
             capacity_blocks(s.model, s.hardware, self.instance.tp, s.block_size), s.block_size,
             s.max_num_seqs, s.max_num_batched_tokens)
-
-    @property
-    def id(self) -> str:
-        return self.instance.id
 
     def submit(self, hop: Hop) -> None:
         if self._run is not None:
@@ -150,7 +144,6 @@ class DesEngine:
         s = self.shape
         took = step_duration(s.model, s.hardware, inst.tp, prefill, decode)
         self.busy_s += took
-        self.steps += 1
         run = self._run_length(plan, prefill) if self.fast else 0
         if run:
             self._start_run(plan, len(decode), sum(decode), now + took, run)
@@ -223,7 +216,6 @@ class DesEngine:
                     hop.gaps.extend(gaps)
                 hop.last_at = ends[done - 1]
             self.busy_s += ends[done - 1] - ends[0]
-            self.steps += done - 1
 
     def _split(self) -> None:
         """Something reaches the engine inside a run: the steps done by now happen, and the
@@ -244,7 +236,6 @@ class DesEngine:
             return
         step = self.scheduler.schedule()  # what the engine planned at ends[done - 1]
         self.busy_s += ends[done] - ends[done - 1]
-        self.steps += 1
         self.events.at(ends[done], self._complete, step)
 
     # ---- KV from a prefill engine ----------------------------------------------------------
@@ -258,7 +249,6 @@ class DesEngine:
         s = self.shape
         hop.kv_bytes = missing * s.block_size * s.model.kv_bytes_per_token
         took = profiles.transfer_seconds(hop.kv_bytes, s.link)
-        self.kv_bytes += hop.kv_bytes
         self.events.at(now + took, self._pulled, seq.seq_id, took)
 
     def _pulled(self, seq_id: str, took: float) -> None:
