@@ -14,18 +14,14 @@ with the prediction.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.fleet import start_controller
-from bench.processes import ProcessFleet, wait_until
 from bench.scenario import Scenario
-from bench.scenarios.cache.trace_run import replay_to_end
 from bench.scenarios.whatif.model import TRACE
+from bench.scenarios.whatif.run import replay_live
 from controller.cli.commands import build_parser
 from controller.cli.plan import plan_inputs
 from controller.whatif.layout import Layout
@@ -69,26 +65,14 @@ def _live(o: CheckOptions, lay: Layout, args: argparse.Namespace, workdir: Path,
               "pools": {"prefill": {"size": lay.prefill_count, "tp": lay.prefill_tp},
                         "decode": {"size": lay.decode_count, "tp": lay.decode_tp}},
               "routing": {"disagg_policy": lay.disagg_policy}}
-    with ProcessFleet(workdir) as fleet:
-        try:
-            ctl = start_controller(workdir, config, name="pdctl", fleet=fleet,
-                                   log_level="warning", wait="up", timeout_s=60)
-            want = {"prefill": lay.prefill_count, "decode": lay.decode_count}
-            wait_until("the fleet", lambda: {k: v for k, v in ctl.ready().items()
-                                             if v} == {k: v for k, v in want.items() if v},
-                       240, fleet)
-            out = workdir / "replay.json"
-            argv = [sys.executable, "-m", "controller.cli", "replay", str(TRACE),
-                    "--controller", ctl.url, "--limit", str(args.limit_requests),
-                    "--ttft-ms", f"{args.ttft_ms:g}", "--gap-ms", f"{args.gap_ms:g}",
-                    "--json", str(out)]
-            replay_to_end(argv, workdir / "replay.log", fleet, timeout_s=o.minutes * 60 + 600)
-            s = json.loads(out.read_text())["summary"]["all"]
-            run.measured_share = float(s["goodput"]["share"] or 0.0)
-            run.measured_per_s = float(s["goodput"]["per_s"] or 0.0)
-            run.failed = int(s["failed"])
-        finally:
-            fleet.stop(first=("pdctl",))
+    replay_args = [str(TRACE), "--limit", str(args.limit_requests), "--ttft-ms",
+                   f"{args.ttft_ms:g}", "--gap-ms", f"{args.gap_ms:g}"]
+    result, _, _ = replay_live(workdir, config, replay_args, o.minutes * 60 + 600,
+                               args.limit_requests)
+    s = result["summary"]["all"]
+    run.measured_share = float(s["goodput"]["share"] or 0.0)
+    run.measured_per_s = float(s["goodput"]["per_s"] or 0.0)
+    run.failed = int(s["failed"])
 
 
 def run_check(o: CheckOptions) -> CheckResult:

@@ -4,6 +4,7 @@ slice run discrete-event on the same layout (fidelity, per TTFT part)."""
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import tempfile
@@ -63,30 +64,41 @@ def whatif_fleet_config(o: WhatIfOptions) -> dict[str, Any]:
             "sim": {"time_scale": o.time_scale}}
 
 
-def whatif_replay_argv(o: WhatIfOptions, url: str, out: Path) -> list[str]:
-    return [sys.executable, "-m", "controller.cli", "replay", str(o.trace), "--controller",
-            url, "--start-s", f"{o.fidelity_start_s:g}", "--limit", str(o.fidelity_requests),
-            "--time-scale", f"{o.time_scale:g}", "--rate-scale", f"{o.fidelity_rate_scale:g}",
-            "--json", str(out)]
+def replay_live(workdir: Path, config: dict[str, Any], replay_args: list[str],
+                timeout_s: float, records: int) -> tuple[dict[str, Any], list[dict[str, Any]],
+                                                          float]:
+    """``pdctl replay TRACE_AND_ARGS`` through a fresh live simulated fleet of ``config``
+    behind a real controller, every process stopped after: the replay's JSON result, the
+    controller's last ``records`` request records, and the replay's wall seconds."""
+    pools = config["pools"]
+    want = {r: pools[r]["size"] for r in ("prefill", "decode") if pools[r]["size"]}
+    with ProcessFleet(workdir) as fleet:
+        try:
+            ctl = start_controller(workdir, config, name="pdctl", fleet=fleet,
+                                   log_level="warning", wait="up", timeout_s=60)
+            wait_until("the fleet",
+                       lambda: {r: n for r, n in ctl.ready().items() if n} == want, 240, fleet)
+            out = workdir / "replay.json"
+            argv = [sys.executable, "-m", "controller.cli", "replay", *replay_args,
+                    "--controller", ctl.url, "--json", str(out)]
+            started = time.perf_counter()
+            replay_to_end(argv, workdir / "replay.log", fleet, timeout_s=timeout_s)
+            wall_s = time.perf_counter() - started
+            got = ctl.get("/requests", limit=records)
+        finally:
+            fleet.stop(first=("pdctl",))
+    rows = got if isinstance(got, list) else got.get("requests", [])
+    return json.loads(out.read_text()), rows, wall_s
 
 
 def live_records(o: WhatIfOptions, workdir: Path, res: WhatIfResult) -> list[dict[str, Any]]:
     """The controller's request records of the slice replayed through a live sim fleet."""
-    with ProcessFleet(workdir) as fleet:
-        try:
-            ctl = start_controller(workdir, whatif_fleet_config(o), name="pdctl", fleet=fleet,
-                                   log_level="warning", wait="up", timeout_s=60)
-            want = {"prefill": o.fidelity_prefill, "decode": o.fidelity_decode}
-            wait_until("the fleet", lambda: ctl.ready() == want, 180, fleet)
-            out = workdir / "replay.json"
-            started = time.perf_counter()
-            replay_to_end(whatif_replay_argv(o, ctl.url, out), workdir / "replay.log", fleet,
-                          timeout_s=max(600.0, 30 * o.fidelity_requests * o.time_scale))
-            res.live_wall_s = time.perf_counter() - started
-            got = ctl.get("/requests", limit=o.fidelity_requests)
-        finally:
-            fleet.stop(first=("pdctl",))
-    rows = got if isinstance(got, list) else got.get("requests", [])
+    args = [str(o.trace), "--start-s", f"{o.fidelity_start_s:g}", "--limit",
+            str(o.fidelity_requests), "--time-scale", f"{o.time_scale:g}", "--rate-scale",
+            f"{o.fidelity_rate_scale:g}"]
+    _, rows, res.live_wall_s = replay_live(
+        workdir, whatif_fleet_config(o), args,
+        max(600.0, 30 * o.fidelity_requests * o.time_scale), o.fidelity_requests)
     return [r for r in rows if r.get("status") == "ok"]
 
 
