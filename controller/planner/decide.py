@@ -87,6 +87,21 @@ class Stability:
     scale_down_utilization: float = 0.7
 
 
+def stability_at(now: float, starting: bool, changed_at: float | None, interval_s: float,
+                 cooldown_s: float | None, scale_down_utilization: float,
+                 stuck_intervals: int = 3) -> Stability:
+    """Converging: instances of the last change still starting (the capacity they add is not
+    in the observation yet), unless the start has taken over ``stuck_intervals`` intervals.
+    Draining ones hold nothing back (a drain behind long requests would block every
+    correction, scale-up included). Cooling down: within ``cooldown_s`` (default two
+    intervals) of the last change."""
+    cooldown = 2 * interval_s if cooldown_s is None else cooldown_s
+    stuck = changed_at is not None and now - changed_at > stuck_intervals * interval_s
+    return Stability(converging=starting and not stuck,
+                     cooling_down=changed_at is not None and now - changed_at < cooldown,
+                     scale_down_utilization=scale_down_utilization)
+
+
 @dataclass(frozen=True)
 class PoolNeed:
     """One pool's sizing before bounds and budget."""

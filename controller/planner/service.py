@@ -31,6 +31,7 @@ from controller.planner.decide import (
     ScaleDecision,
     Stability,
     decide,
+    stability_at,
 )
 from controller.planner.observe import Window, observe, observed_json, ready
 from controller.planner.predict import LoadPredictor, PredictorName
@@ -199,18 +200,10 @@ class Planner:
             if m.last_targets:
                 m.changed_at = now
             m.last_targets = shape
-        cooldown = self.settings.planner.cooldown_s
-        cooldown = 2 * self.live.interval_s if cooldown is None else cooldown
-        # Converging: instances of the last change still starting (the capacity they add is
-        # not in the observation yet). Draining ones do not hold a decision back (a drain
-        # behind long requests would block every correction, scale-up included), and
-        # neither does a start that takes longer than STUCK_INTERVALS intervals.
         starting = any(i.state is InstanceState.STARTING for i in self.fleet.registry)
-        stuck = m.changed_at is not None and \
-            now - m.changed_at > STUCK_INTERVALS * self.live.interval_s
-        return Stability(converging=starting and not stuck,
-                         cooling_down=m.changed_at is not None and now - m.changed_at < cooldown,
-                         scale_down_utilization=self.settings.planner.scale_down_utilization)
+        ps = self.settings.planner
+        return stability_at(now, starting, m.changed_at, self.live.interval_s, ps.cooldown_s,
+                            ps.scale_down_utilization, STUCK_INTERVALS)
 
     def step(self) -> Plan:
         """Observe the interval that just ended, predict the next, decide; no action."""

@@ -24,6 +24,7 @@ unless the pool must make room).
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -95,12 +96,22 @@ class DesEngine:
     # a run of decode steps: its first step's plan, each step's end; the run's generation
     _run: tuple[StepPlan, list[float]] | None = None
     _generation: int = 0
+    on_idle: Callable[[DesEngine], None] | None = None  # told when it next holds nothing
 
     def __post_init__(self) -> None:
         s = self.shape
         self.scheduler = Scheduler(
             capacity_blocks(s.model, s.hardware, self.instance.tp, s.block_size), s.block_size,
             s.max_num_seqs, s.max_num_batched_tokens)
+
+    @property
+    def idle(self) -> bool:
+        """No request in it and no KV held for another engine."""
+        return not self._hops and not self.scheduler.handles
+
+    def _check_idle(self) -> None:
+        if self.on_idle is not None and self.idle:
+            self.on_idle(self)
 
     def submit(self, hop: Hop) -> None:
         if self._run is not None:
@@ -116,6 +127,7 @@ class DesEngine:
             self._split()
         if self.scheduler.pull(handle_id) is not None:
             self._kick()
+        self._check_idle()
 
     # ---- the step loop ---------------------------------------------------------------------
 
@@ -161,6 +173,7 @@ class DesEngine:
             hop.finished_at = now
             hop.listener.finished(hop)
         self._step()
+        self._check_idle()
 
     # ---- runs of decode steps ----------------------------------------------------------------
 

@@ -14,6 +14,7 @@ themselves (``EngineTruth``): the live index follows them through KV events, a l
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -98,29 +99,90 @@ class DesFleet:
         self.shape = shape
         self.targets = targets
         routing = routing.model_copy(update={"disagg_policy": layout.disagg_policy})
+        self.fast = fast
+        self._queue: deque[tuple[Req, bool]] = deque()  # the router's prefill queue
+        self._queue_tokens = 0
         self.table = RoutingTable(routing, Store(Path(":memory:")), events.clock)
         self.engines: dict[str, DesEngine] = {}
-        for role, count, tp in ((Role.PREFILL, layout.prefill_count, layout.prefill_tp),
-                                (Role.DECODE, layout.decode_count, layout.decode_tp)):
-            members = [Instance(f"{role.value}-{i}", role, tp, "des://",
-                                InstanceState.READY) for i in range(count)]
-            for inst in members:
-                self.engines[inst.id] = DesEngine(events, inst, shape, fast=fast)
-            self.table.set_members(role, members)
+        self.members: dict[Role, list[Instance]] = {Role.PREFILL: [], Role.DECODE: []}
+        self.held: dict[str, list[float]] = {}  # instance -> [started, stopped] (modelled s)
+        self.tp = {Role.PREFILL: layout.prefill_tp, Role.DECODE: layout.decode_tp}
+        for role, count in ((Role.PREFILL, layout.prefill_count),
+                            (Role.DECODE, layout.decode_count)):
+            for _ in range(count):
+                self._add(role).state = InstanceState.READY
+            self._publish(role)
         self.table.index = EngineTruth(self.engines, shape.block_size)
         self.rates = HandoffRates(roofline_prior(shape.model, shape.hardware, shape.link,
                                                  layout.prefill_tp, layout.decode_tp))
         self.hasher = PromptHasher(shape.block_size)
         self.chunk_tokens = shape.max_num_batched_tokens
-        self._queue: deque[tuple[Req, bool]] = deque()  # the router's prefill queue
-        self._queue_tokens = 0
         self.served = Outcomes()
+        self.arrived = [0, 0]  # requests that arrived, and their prompt tokens
+        self.gap_log: list[float] | None = None  # every inter-token gap (s), when a list
+
+    # ---- pool changes ----------------------------------------------------------------------
+
+    def _add(self, role: Role) -> Instance:
+        inst = Instance(f"{role.value}-{len(self.members[role])}", role, self.tp[role],
+                        "des://", InstanceState.STARTING)
+        self.engines[inst.id] = DesEngine(self.events, inst, self.shape, fast=self.fast)
+        self.members[role].append(inst)
+        self.held[inst.id] = [self.events.now, math.inf]
+        return inst
+
+    def _publish(self, role: Role) -> None:
+        self.table.set_members(role, [i for i in self.members[role] if i.state.routable])
+        if role is Role.PREFILL:
+            self._wake()
+
+    def live(self, role: Role) -> list[Instance]:
+        """Instances of ``role`` ready or starting (what the pool's size counts)."""
+        return [i for i in self.members[role]
+                if i.state in (InstanceState.READY, InstanceState.STARTING)]
+
+    def resize(self, role: Role, count: int, start_s: float) -> None:
+        """``count`` instances of ``role`` from now. New ones take requests after ``start_s``
+        (an engine's start); surplus ones -- starting ones first, then the newest -- leave
+        the routing table at once and stop when their last request has left (a drain)."""
+        live = self.live(role)
+        for _ in range(count - len(live)):
+            self.events.at(self.events.now + start_s, self._started, self._add(role))
+        order = sorted(range(len(live)), key=lambda k: (live[k].state.routable,
+                                                         -self.held[live[k].id][0], -k))
+        for inst in [live[k] for k in order[:max(0, len(live) - count)]]:
+            inst.state = InstanceState.DRAINING
+            self.engines[inst.id].on_idle = self._stop_if_done
+            self._stop_if_done(self.engines[inst.id])
+        self._publish(role)
+
+    def _started(self, inst: Instance) -> None:
+        if inst.state is InstanceState.STARTING:
+            inst.state = InstanceState.READY
+            self._publish(inst.role)
+
+    def _stop_if_done(self, engine: DesEngine) -> None:
+        """A draining instance stops when its engine holds nothing and no request has it
+        leased (a decode hop may still be on its way from prefill)."""
+        inst = engine.instance
+        if inst.state is InstanceState.DRAINING and engine.idle \
+                and not self.table.inflight(inst.id):
+            inst.state = InstanceState.STOPPED
+            engine.on_idle = None
+            self.held[inst.id][1] = self.events.now
+
+    def accelerator_seconds(self, until: float) -> float:
+        """What every instance held, from its start until it stopped (or ``until``)."""
+        return sum((min(stop, until) - start) * self.engines[i].instance.tp
+                   for i, (start, stop) in self.held.items() if start < until)
 
     # ---- arrival ---------------------------------------------------------------------------
 
     def arrive(self, index: int, req: TraceRequest, fitted: Fitted, due_s: float) -> None:
         now = self.events.now
         prompt = fitted.prompt_tokens
+        self.arrived[0] += 1
+        self.arrived[1] += prompt
         ctx = Ctx(f"r{index}", "/v1/completions", {}, True, prompt, now, now)
         hashes = self.hasher.hashes(req.hash_ids, prompt)
         ctx.blocks = PromptBlocks(prompt, hashes)
@@ -241,6 +303,7 @@ class DesFleet:
             return
         assert r.ctx.decode_lease is not None
         r.ctx.decode_lease.release()
+        self._stop_if_done(self.engines[r.ctx.decode_lease.instance.id])
         self._record(r)
 
     def _record(self, r: Req) -> None:
@@ -262,6 +325,8 @@ class DesFleet:
             decode=decode_times, decode_wall_to_first_ms=(d.first_at - d.arrived) * 1e3,
             router_queue_ms=ctx.router_queue_ms))
         gap_p99, gap_max, n_gaps = gap_summary(d.gaps)
+        if self.gap_log is not None and d.gaps:
+            self.gap_log.extend(d.gaps)
         computed = p.seq if p is not None else d.seq
         e2e_ms = (now - ctx.t0) * 1e3
         rec = RequestRecord(

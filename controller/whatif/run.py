@@ -76,27 +76,42 @@ def part_quantiles(values: list[float]) -> dict[str, float | None]:
 def simulate(requests: list[TraceRequest], layout: Layout, spec: RunSpec,
              fast: bool = True) -> RunResult:
     """``fast``: runs of decode steps as one event each (the same results, sooner)."""
-    rate_scale = spec.rate_scale
-    if not requests:
-        raise ValueError("no requests to simulate")
-    if rate_scale <= 0:
-        raise ValueError(f"rate scale must be positive, got {rate_scale}")
-    started = time.perf_counter()
-    events = EventQueue()
-    fleet = DesFleet(events, layout, spec.shape, spec.routing, spec.targets, fast)
-    context = spec.context or spec.shape.model.max_model_len
-    t0 = requests[0].time_s
-    due = 0.0
-    for i, req in enumerate(requests):
-        due = (req.time_s - t0) / rate_scale
-        events.at(due, fleet.arrive, i, req, fit_context(req, context), due)
-    events.run()
-    fleet.table.store.close()
-    served = fleet.served
-    served.rows.sort(key=lambda r: r.index)
-    busy: dict[str, float] = {}
-    for engine in fleet.engines.values():
-        pool = engine.instance.role.value
-        busy[pool] = busy.get(pool, 0.0) + engine.busy_s
-    return RunResult(layout, served, due, events.now, busy, events.handled,
-                     time.perf_counter() - started, spec.targets)
+    run = Prepared(requests, layout, spec, fast)
+    run.events.run()
+    return run.result()
+
+
+class Prepared:
+    """A run set up: the fleet, and every arrival on the event queue (``events.run()`` plays
+    it; a driver may put its own events beside them, such as a planner's passes)."""
+
+    def __init__(self, requests: list[TraceRequest], layout: Layout, spec: RunSpec,
+                 fast: bool = True) -> None:
+        if not requests:
+            raise ValueError("no requests to simulate")
+        if spec.rate_scale <= 0:
+            raise ValueError(f"rate scale must be positive, got {spec.rate_scale}")
+        self.started = time.perf_counter()
+        self.layout, self.spec = layout, spec
+        self.events = events = EventQueue()
+        self.fleet = fleet = DesFleet(events, layout, spec.shape, spec.routing, spec.targets,
+                                      fast)
+        context = spec.context or spec.shape.model.max_model_len
+        t0 = requests[0].time_s
+        self.last_due = 0.0
+        for i, req in enumerate(requests):
+            self.last_due = due = (req.time_s - t0) / spec.rate_scale
+            events.at(due, fleet.arrive, i, req, fit_context(req, context), due)
+
+    def result(self) -> RunResult:
+        fleet = self.fleet
+        fleet.table.store.close()
+        served = fleet.served
+        served.rows.sort(key=lambda r: r.index)
+        busy: dict[str, float] = {}
+        for engine in fleet.engines.values():
+            pool = engine.instance.role.value
+            busy[pool] = busy.get(pool, 0.0) + engine.busy_s
+        return RunResult(self.layout, served, self.last_due, self.events.now, busy,
+                         self.events.handled, time.perf_counter() - self.started,
+                         self.spec.targets)
