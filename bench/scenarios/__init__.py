@@ -17,6 +17,7 @@ from bench.scenarios.plan_check import PlanCheckTool
 from bench.scenarios.plan_rules import PlanRulesTool
 from bench.scenarios.planner import PlannerScenario
 from bench.scenarios.ray_start import RayStartScenario
+from bench.scenarios.rehearse import RehearseTool
 from bench.scenarios.router import RouterScenario
 from bench.scenarios.scale import ScaleScenario
 from bench.scenarios.soak import SoakScenario
@@ -25,4 +26,4 @@ from bench.scenarios.whatif import WhatIfScenario
 SCENARIOS: tuple[Scenario[Any, Any], ...] = (
     RouterScenario(), CacheScenario(), LabScenario(), ScaleScenario(), ConsoleScenario(),
     RayStartScenario(), PlannerScenario(), HandoffScenario(), SoakScenario(), WhatIfScenario(),
-    NixlTool(), MeasureLabTool(), PlanRulesTool(), PlanCheckTool())
+    NixlTool(), MeasureLabTool(), PlanRulesTool(), PlanCheckTool(), RehearseTool())
