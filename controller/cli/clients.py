@@ -25,13 +25,17 @@ class CliError(Exception):
     """A mistake on the command line, or no token to send; nothing was sent."""
 
 
-def _client_flags(p: argparse.ArgumentParser) -> None:
+def connection_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--controller", default=os.environ.get("PDCTL_URL", DEFAULT_URL),
                    help=f"controller URL (env PDCTL_URL; default {DEFAULT_URL})")
     p.add_argument("--token", default=os.environ.get("PDCTL_TOKEN"),
                    help="API token (env PDCTL_TOKEN; default: read STATE_DIR/token)")
     p.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR,
                    help=f"where to find the token file (default {DEFAULT_STATE_DIR})")
+
+
+def _client_flags(p: argparse.ArgumentParser) -> None:
+    connection_flags(p)
     p.add_argument("--json", action="store_true", help="print the raw JSON answer")
 
 

@@ -10,16 +10,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from controller.cli import clients
 from controller.cli.args import SubParsers, count_arg, positive_arg, seconds_arg
+from controller.cli.clients import connection_flags
 from controller.config import RoutingSettings
 from controller.replay.schedule import Slice, select
-from controller.replay.trace import TraceError, TraceRequest, load_trace
+from controller.replay.trace import TraceError, TraceRequest, load_trace, unshared
 from controller.router.handoff import DisaggPolicy
 from controller.whatif.engine import EngineShape
 from controller.whatif.fleet import Goals
 from controller.whatif.run import RunSpec
 from controller.whatif.search import LayoutResult, Space, search
 from pdctl_api import profiles
+from pdctl_api.client import ApiError
 
 PLAN_HELP = """\
 Which layout serves this traffic within its targets on the fewest accelerators? Each layout
@@ -36,16 +39,22 @@ smallest counts that meet (binary search; disaggregated: decode count first besi
 prefill pool, then prefill count), so it prints a few runs per TP, not every layout.
 
 The trace: Mooncake JSONL or Azure CSV (as pdctl replay reads them), a slice of --minutes from
---start-s. Prompts longer than the context are cut to fit, as pdctl replay cuts them.
+--start-s; or, with --recent, the requests the controller at --controller recorded in the last
+--minutes (their start times, prompt and output lengths; no prefix sharing is known of them;
+a simulated fleet's times divided by its time scale). Prompts longer than the context are cut
+to fit, as pdctl replay cuts them.
 Progress goes to stderr, one line per run."""
 
 PLAN_EXAMPLE = """\
 example:
   pdctl plan ../shared/traces/mooncake_conversation.jsonl --model llama-3.1-70b \\
       --accelerator h100-sxm --budget 32 --context 32768 --ttft-ms 2000 --gap-ms 60
+  pdctl plan --recent --minutes 30 --budget 16     # the running controller's last 30 min
 """
 
 TPS = (1, 2, 4, 8)
+DEFAULT_LINK = "ib-ndr"
+RECORDS_MAX = 10_000  # the most records GET /requests returns
 
 
 class PlanError(ValueError):
@@ -102,16 +111,24 @@ def add_plan_parser(sub: SubParsers) -> None:
     p = sub.add_parser("plan", help="search fleet layouts for a trace (discrete-event runs), "
                                     "best first", description=PLAN_HELP, epilog=PLAN_EXAMPLE,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("trace", type=Path, metavar="TRACE", help="the trace file")
-    p.add_argument("--model", required=True, metavar="NAME",
-                   help=f"model profile: {', '.join(profiles.MODELS)}")
-    p.add_argument("--accelerator", required=True, metavar="NAME",
-                   help=f"accelerator profile: {', '.join(profiles.HARDWARE)}")
+    p.add_argument("trace", type=Path, nargs="?", metavar="TRACE",
+                   help="the trace file (or --recent)")
+    p.add_argument("--recent", action="store_true",
+                   help="plan for the controller's own recent requests (those that started "
+                        "in the last --minutes, at their own times and lengths) instead of a "
+                        "trace; --model, --accelerator and --link default to the "
+                        "controller's")
+    connection_flags(p)
+    p.add_argument("--model", metavar="NAME",
+                   help=f"model profile: {', '.join(profiles.MODELS)} (required with TRACE)")
+    p.add_argument("--accelerator", metavar="NAME",
+                   help=f"accelerator profile: {', '.join(profiles.HARDWARE)} (required with "
+                        "TRACE)")
     p.add_argument("--budget", required=True, type=count_arg, metavar="N",
                    help="accelerators the layout may use at most")
-    p.add_argument("--link", default="ib-ndr", metavar="NAME",
+    p.add_argument("--link", metavar="NAME",
                    help=f"KV link between instances: {', '.join(profiles.LINKS)} "
-                        "(default ib-ndr)")
+                        f"(default {DEFAULT_LINK})")
     p.add_argument("--context", type=count_arg, metavar="TOKENS",
                    help="context served (max_model_len; default: the model's own)")
     p.add_argument("--ttft-ms", type=positive_arg, default=2000.0, metavar="MS",
@@ -176,8 +193,51 @@ def fitting_tps(m: profiles.ModelProfile, hw: profiles.HardwareProfile,
     return tuple(out), notes
 
 
+def recorded_requests(args: argparse.Namespace) -> list[TraceRequest]:
+    """The controller's requests that started in the last ``--minutes`` (not those it refused),
+    in modelled time (a simulated fleet's wall times / its time scale); fills in the model,
+    accelerator and link the controller runs when they were not given."""
+    try:
+        with clients.connect(args) as client:
+            cluster = client.cluster()
+            records = client.requests(RECORDS_MAX, since=time.time() - args.minutes * 60)
+    except clients.CliError as exc:
+        raise PlanError(str(exc)) from None
+    except ApiError as exc:
+        raise PlanError(clients.describe(exc)) from None
+    args.model = args.model or cluster.model.name
+    args.accelerator = args.accelerator or cluster.hardware.accelerator
+    args.link = args.link or cluster.hardware.kv_link
+    kept = sorted((r for r in records if r.status != "rejected"),
+                  key=lambda r: r.started_at)[:args.limit]
+    if not kept:
+        raise PlanError(f"the controller at {args.controller} recorded no requests in the last "
+                        f"{args.minutes:g} min")
+    t0, scale = kept[0].started_at, cluster.time_scale or 1.0
+    return unshared([(i + 1, (r.started_at - t0) / scale, max(1, r.prompt_tokens),
+                      max(1, r.output_tokens)) for i, r in enumerate(kept)])
+
+
+def _trace_requests(args: argparse.Namespace) -> list[TraceRequest]:
+    trace = load_trace(args.trace)
+    sl = Slice(args.start_s, args.limit)
+    end = args.start_s + args.minutes * 60
+    requests = [r for r in select(trace, sl) if r.time_s < end]
+    if not requests and args.prompts is None:
+        raise PlanError(f"{args.trace}: no requests between {args.start_s:g} s and {end:g} s "
+                        f"(the trace spans {trace.span_s:,.0f} s)")
+    return requests
+
+
 def plan_inputs(args: argparse.Namespace) -> tuple[list[TraceRequest], RunSpec, Space, list[str]]:
     """Everything checked before a run: raises ``PlanError`` or ``TraceError``."""
+    if (args.trace is None) == (not args.recent):
+        raise PlanError("give a TRACE file or --recent (the controller's own requests), "
+                        "one of them")
+    if args.trace is not None and (args.model is None or args.accelerator is None):
+        raise PlanError("with a TRACE, --model and --accelerator are required")
+    requests = recorded_requests(args) if args.recent else _trace_requests(args)
+    args.link = args.link or DEFAULT_LINK
     m = _profile(profiles.MODELS, "model", args.model)
     hw = _profile(profiles.HARDWARE, "accelerator", args.accelerator)
     lk = _profile(profiles.LINKS, "link", args.link)
@@ -192,18 +252,12 @@ def plan_inputs(args: argparse.Namespace) -> tuple[list[TraceRequest], RunSpec, 
     if min(tps) > args.budget:
         raise PlanError(f"a budget of {args.budget} accelerators holds no instance: "
                         f"{m.name} needs TP {min(tps)} on {hw.name} at least")
-    trace = load_trace(args.trace)
-    sl = Slice(args.start_s, args.limit)
-    end = args.start_s + args.minutes * 60
-    requests = [r for r in select(trace, sl) if r.time_s < end]
     if args.prompts is not None:
         lo, hi = args.prompts
         requests = [r for r in requests
                     if r.input_length >= lo and (hi is None or r.input_length < hi)]
-    if not requests:
-        among = "" if args.prompts is None else " with prompts in the range given"
-        raise PlanError(f"{args.trace}: no requests{among} between {args.start_s:g} s and "
-                        f"{end:g} s (the trace spans {trace.span_s:,.0f} s)")
+        if not requests:
+            raise PlanError("no requests with prompts in the range given")
     routing = RoutingSettings(disagg_min_prompt_tokens=args.disagg_min_prompt_tokens,
                               decode_policy=args.decode_policy,
                               prefill_policy=args.prefill_policy)
@@ -286,7 +340,8 @@ def run_plan(args: argparse.Namespace) -> int:
           file=sys.stderr)
     if args.json is not None:
         args.json.write_text(json.dumps({
-            "trace": str(args.trace), "requests": len(requests), "model": args.model,
+            "trace": "recent" if args.recent else str(args.trace), "requests": len(requests),
+            "model": args.model,
             "accelerator": args.accelerator, "link": args.link, "budget": space.budget,
             "targets": {"ttft_ms": args.ttft_ms, "gap_ms": args.gap_ms,
                         "floor": space.floor},

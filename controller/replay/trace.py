@@ -150,11 +150,17 @@ def _read_azure(path: Path, lines: list[str], skipped: int) -> list[TraceRequest
     if not rows:
         return []
     first = min(r[1] for r in rows)
+    return unshared([(lineno, (stamp - first).total_seconds(), inp, gen)
+                     for lineno, stamp, inp, gen in rows])
+
+
+def unshared(rows: list[tuple[int, float, int, int]]) -> list[TraceRequest]:
+    """Requests (line, seconds from the first, prompt tokens, output tokens) that share no
+    prefix: each gets block ids of its own (a trace with no prefix information)."""
     out, next_id = [], 0
-    for lineno, stamp, inp, gen in rows:
-        n = blocks_for(inp)  # block ids of this request's own: no prefix is shared
-        out.append(TraceRequest(lineno, (stamp - first).total_seconds(), inp, gen,
-                                tuple(range(next_id, next_id + n))))
+    for lineno, time_s, inp, gen in rows:
+        n = blocks_for(inp)
+        out.append(TraceRequest(lineno, time_s, inp, gen, tuple(range(next_id, next_id + n))))
         next_id += n
     return out
 
