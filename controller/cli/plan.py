@@ -15,7 +15,7 @@ from controller.cli.args import SubParsers, count_arg, positive_arg, seconds_arg
 from controller.cli.clients import connection_flags
 from controller.config import RoutingSettings
 from controller.replay.schedule import Slice, select
-from controller.replay.trace import TraceError, TraceRequest, load_trace, unshared
+from controller.replay.trace import TraceError, TraceRequest, from_records, load_trace
 from controller.router.handoff import DisaggPolicy
 from controller.whatif.engine import EngineShape
 from controller.whatif.fleet import Goals
@@ -208,14 +208,11 @@ def recorded_requests(args: argparse.Namespace) -> list[TraceRequest]:
     args.model = args.model or cluster.model.name
     args.accelerator = args.accelerator or cluster.hardware.accelerator
     args.link = args.link or cluster.hardware.kv_link
-    kept = sorted((r for r in records if r.status != "rejected"),
-                  key=lambda r: r.started_at)[:args.limit]
-    if not kept:
+    requests = from_records(records, cluster.time_scale or 1.0)[:args.limit]
+    if not requests:
         raise PlanError(f"the controller at {args.controller} recorded no requests in the last "
                         f"{args.minutes:g} min")
-    t0, scale = kept[0].started_at, cluster.time_scale or 1.0
-    return unshared([(i + 1, (r.started_at - t0) / scale, max(1, r.prompt_tokens),
-                      max(1, r.output_tokens)) for i, r in enumerate(kept)])
+    return requests
 
 
 def _trace_requests(args: argparse.Namespace) -> list[TraceRequest]:

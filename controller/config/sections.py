@@ -201,6 +201,15 @@ class PlannerSettings(Strict):
         "accelerators the two pools may use together; default: the cluster's"))
     profile_dir: Path | None = Field(None, description=(
         "more performance profiles (pdctl profile --out DIR); they win over the shipped ones"))
+    lookahead: bool = Field(False, description=(
+        "before a decision is applied, play the recorded traffic of the last "
+        "lookahead_window_s on the proposed pools in the discrete-event fleet and correct "
+        "the sizes (docs/planner.md)"))
+    lookahead_window_s: float = Field(300.0, gt=0, le=3600, description=(
+        "modelled seconds of recent traffic the look-ahead replays"))
+    instance_start_s: float = Field(60.0, ge=0, le=3600, description=(
+        "modelled seconds from asking for an instance to its first request, as the "
+        "look-ahead assumes"))
 
     @model_validator(mode="after")
     def _bounds(self) -> PlannerSettings:

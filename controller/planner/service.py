@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -33,15 +34,22 @@ from controller.planner.decide import (
     decide,
     stability_at,
 )
+from controller.planner.lookahead import Foresight, Lookahead, Present, look_ahead
 from controller.planner.observe import Window, observe, observed_json, ready
 from controller.planner.predict import LoadPredictor, PredictorName
 from controller.planner.profile import PerfProfile, ProfileIndex, profile_key
+from controller.replay.trace import from_records
 from controller.requests_log import RequestLog
 from controller.store import Store
+from controller.whatif.engine import EngineShape
+from controller.whatif.fleet import Goals
+from controller.whatif.run import RunSpec
+from pdctl_api import profiles
 
 log = logging.getLogger("pdctl.planner")
 HISTORY = 720  # decisions kept (a day at 120 s)
 STUCK_INTERVALS = 3  # a change still starting after this many intervals holds nothing back
+LOOKAHEAD_RECORDS = 20_000  # the most recent requests the look-ahead replays
 PLANNER_ACTOR = "planner"
 
 
@@ -252,6 +260,9 @@ class Planner:
         take what it frees); the plan as recorded."""
         if plan.mode != "apply" or plan.hold is not None or plan.recommended == plan.current:
             return plan
+        pools = self.pools()
+        if {"prefill": pools.prefill, "decode": pools.decode} != plan.current:
+            return replace(plan, error="the pools changed during the pass: not applied")
         detail = "; ".join(plan.reasons)
         order = sorted(Role, key=lambda r: plan.recommended[r.value] - plan.current[r.value])
         try:
@@ -267,9 +278,55 @@ class Planner:
                                     for r in Role}
         return replace(plan, applied=True)
 
+    def _foresight_job(self, plan: Plan) -> Callable[[], Foresight] | str | None:
+        """The look-ahead of ``plan`` as a job to run off the event loop (its inputs read
+        here), a reason it cannot run, or None when it should not."""
+        ps = self.settings.planner
+        if not ps.lookahead or plan.mode == "off" or plan.hold is not None:
+            return None
+        s = self.settings
+        names = ((profiles.MODELS, s.model.name), (profiles.HARDWARE, s.hardware.accelerator),
+                 (profiles.LINKS, s.hardware.kv_link))
+        missing = [name for table, name in names if name not in table]
+        if missing:
+            return f"look-ahead: no profile for {', '.join(missing)}: not run"
+        now, scale = self.clock(), self.time_scale
+        recent = from_records(self.requests.recent(LOOKAHEAD_RECORDS,
+                                                   since=now - ps.lookahead_window_s * scale),
+                              scale)
+        if len(recent) < ps.min_requests:
+            return f"look-ahead: {len(recent)} recent requests, too few: not run"
+        model = profiles.MODELS[s.model.name]
+        if s.model.max_model_len:
+            model = profiles.with_context(model, min(s.model.max_model_len,
+                                                     model.max_model_len))
+        spec = RunSpec(EngineShape(model, profiles.HARDWARE[s.hardware.accelerator],
+                                   profiles.LINKS[s.hardware.kv_link]),
+                       s.routing, Goals(self.live.ttft_ms, math.inf))
+        observed = (plan.observed or {}).get("load", {}).get("request_rate") or 0.0
+        predicted = (plan.predicted or {}).get("request_rate") or 0.0
+        rate_scale = predicted / observed if observed > 0 and predicted > 0 else 1.0
+        present = Present(self.pools(), [], ps.instance_start_s,
+                          recent[-1].time_s - recent[0].time_s)
+        proposal = (plan.recommended["prefill"], plan.recommended["decode"])
+        la = Lookahead(window_s=ps.lookahead_window_s)
+        bounds, ttft_ms = self.bounds(), self.live.ttft_ms
+        may_shrink = not self._stability(now).cooling_down
+        return lambda: look_ahead(recent, proposal, present, spec, la, bounds, ttft_ms,
+                                  rate_scale, may_shrink)
+
     async def tick(self) -> Plan:
         async with self.writes:
-            plan = self.act(self.step())
+            plan = self.step()
+        job = self._foresight_job(plan)
+        if isinstance(job, str):
+            plan = replace(plan, reasons=(*plan.reasons, job))
+        elif job is not None:  # seconds of discrete-event runs: off the loop, unlocked
+            f = await asyncio.to_thread(job)
+            plan = replace(plan, recommended={"prefill": f.prefill, "decode": f.decode},
+                           reasons=(*plan.reasons, *f.reasons))
+        async with self.writes:
+            plan = self.act(plan)
         self.history.append(plan)
         if plan.mode != "off":
             for role in Role:

@@ -17,10 +17,11 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 BLOCK_TOKENS = 512  # the Mooncake trace's hash block
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -152,6 +153,27 @@ def _read_azure(path: Path, lines: list[str], skipped: int) -> list[TraceRequest
     first = min(r[1] for r in rows)
     return unshared([(lineno, (stamp - first).total_seconds(), inp, gen)
                      for lineno, stamp, inp, gen in rows])
+
+
+class Recorded(Protocol):
+    """A request as the controller recorded it (``RequestRecord``, or the API's view)."""
+
+    started_at: float
+    status: str
+    prompt_tokens: int
+    output_tokens: int
+
+
+def from_records(records: Iterable[Recorded], time_scale: float = 1.0) -> list[TraceRequest]:
+    """The traffic the controller saw: every recorded request but refused ones, at its start
+    time (wall seconds / ``time_scale``: a simulated fleet's modelled time) and lengths, with
+    no prefix information."""
+    kept = sorted((r for r in records if r.status != "rejected"), key=lambda r: r.started_at)
+    if not kept:
+        return []
+    t0 = kept[0].started_at
+    return unshared([(i + 1, (r.started_at - t0) / time_scale, max(1, r.prompt_tokens),
+                      max(1, r.output_tokens)) for i, r in enumerate(kept)])
 
 
 def unshared(rows: list[tuple[int, float, int, int]]) -> list[TraceRequest]:

@@ -8,6 +8,7 @@ import dataclasses
 import time
 from pathlib import Path
 
+import pytest
 from starlette.testclient import TestClient
 
 from controller.api import create_app
@@ -160,3 +161,39 @@ def test_a_decode_dry_run_says_what_the_kv_cache_holds_of_recent_contexts(
     advice = tc.get("/api/v1/advisor").json()
     assert advice["kv_capacity"]["tp"] == 2 and advice["kv_capacity"]["tight"]
     assert any("KV cache" in r for r in advice["verdict"]["reasons"])
+
+
+def test_the_look_ahead_previews_the_proposal_on_the_recorded_traffic(
+        app_state: Fixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    tc, st = app_state
+    tc.patch("/api/v1/planner", json={"mode": "advisory", "interval_s": 10.0})
+    busy(st, 60, 10.0)
+    alone = st.planner.step()
+    monkeypatch.setattr(st.settings.planner, "lookahead", True)
+    st.planner.begin_interval(time.time() - 10.0)  # the same interval again
+    plan = asyncio.run(st.planner.tick())
+    ahead = [r for r in plan.reasons if r.startswith("look-ahead:")]
+    assert ahead and "unfinished requests, then the last 300 s of traffic (65 requests" \
+        in ahead[0], plan.reasons
+    # the sizes it settled on are the last ones it previewed within the goal
+    p, d = plan.recommended["prefill"], plan.recommended["decode"]
+    assert f"{p} prefill + {d} decode" in " ".join(ahead)
+    assert f"on {alone.recommended['prefill']} prefill + {alone.recommended['decode']} " \
+        "decode" in ahead[0]  # it starts from the planner's own proposal
+    assert not plan.applied and st.fleet.targets[Role.PREFILL].size == 1  # advisory
+
+
+def test_the_look_ahead_says_why_it_did_not_run(app_state: Fixture,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    tc, st = app_state
+    tc.patch("/api/v1/planner", json={"mode": "advisory", "interval_s": 10.0})
+    monkeypatch.setattr(st.settings.planner, "lookahead", True)
+    monkeypatch.setattr(st.settings.planner, "lookahead_window_s", 0.001)
+    busy(st, 200, 10.0)
+    plan = asyncio.run(st.planner.tick())
+    assert any(r.startswith("look-ahead:") and r.endswith("too few: not run")
+               for r in plan.reasons), plan.reasons
+    monkeypatch.setattr(st.settings.hardware, "kv_link", "carrier-pigeon")
+    busy(st, 200, 10.0)
+    plan = asyncio.run(st.planner.tick())
+    assert "look-ahead: no profile for carrier-pigeon: not run" in plan.reasons
