@@ -139,6 +139,8 @@ def _ahead(backlog: list[TraceRequest], recent: list[TraceRequest], span_s: floa
     if not recent:
         return out
     t0, period = recent[0].time_s, span_s / rate_scale
+    if period <= 0:  # no span to repeat: the recent requests once
+        period = horizon_s
     offset = 0.0
     while offset < horizon_s:
         out.extend(replace(r, time_s=offset + (r.time_s - t0) / rate_scale) for r in recent)

@@ -322,9 +322,14 @@ class Planner:
         if isinstance(job, str):
             plan = replace(plan, reasons=(*plan.reasons, job))
         elif job is not None:  # seconds of discrete-event runs: off the loop, unlocked
-            f = await asyncio.to_thread(job)
-            plan = replace(plan, recommended={"prefill": f.prefill, "decode": f.decode},
-                           reasons=(*plan.reasons, *f.reasons))
+            try:
+                f = await asyncio.to_thread(job)
+            except Exception as exc:  # the planner's own sizes stand
+                log.exception("planner look-ahead failed")
+                plan = replace(plan, reasons=(*plan.reasons, f"look-ahead failed: {exc}"))
+            else:
+                plan = replace(plan, recommended={"prefill": f.prefill, "decode": f.decode},
+                               reasons=(*plan.reasons, *f.reasons))
         async with self.writes:
             plan = self.act(plan)
         self.history.append(plan)

@@ -150,3 +150,10 @@ def test_the_planner_grows_the_pools_for_a_step_in_load_and_every_request_finish
     assert out.changes == sum(1 for t in out.ticks if t.applied)
     assert out.peak_accelerators >= max(sum(t.recommended) for t in out.ticks)
     assert 2 * out.run.span_s < out.accelerator_seconds < out.peak_accelerator_seconds
+
+
+def test_recent_requests_with_no_span_are_played_once_not_forever() -> None:
+    trace = requests([0.0] * 12, 200, 1)
+    f = look_ahead(trace, (1, 2), present(1, 2, span=0.0), spec(max_num_seqs=1),
+                   Lookahead(window_s=60.0), Bounds(), 1e6)
+    assert len(f.trials) >= 1 and f.trials[0].share == 1.0
