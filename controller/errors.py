@@ -36,6 +36,11 @@ class NotFound(PdctlError, status=404):
     """No such instance, or request among those recorded."""
 
 
+class Unpredictable(PdctlError, status=409):
+    """A what-if prediction cannot be made now (no profile for the fleet's model, too few
+    recent requests); nothing was kept."""
+
+
 class Unauthorized(PdctlError, status=401):
     """A missing or invalid bearer token."""
 

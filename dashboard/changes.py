@@ -12,6 +12,7 @@ from typing import Any, Literal
 from dashboard.frames import change_in_words
 from pdctl_api.schema import (
     ROUTING_FIELDS,
+    ForecastPublic,
     InstancePublic,
     PlannedAction,
     PoolPlanPublic,
@@ -35,6 +36,7 @@ class PendingChange:
     instance_id: str | None = None
     kv_mode: str | None = None  # pool: the KV transfer mode to send (None: unchanged)
     patch: tuple[tuple[str, Any], ...] | None = None  # routing: the fields to send
+    prediction: ForecastPublic | str | None = None  # pool: the what-if, or why there is none
 
 
 @dataclass(frozen=True)

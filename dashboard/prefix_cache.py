@@ -16,7 +16,7 @@ import pandas as pd
 from dashboard.cards import Card
 from dashboard.frames import ROLE_NAMES
 from dashboard.timeline import Incident
-from dashboard.ui.figures import fmt_bytes
+from dashboard.ui.figures import fmt_bytes, fmt_share
 from pdctl_api.schema import CachePublic, KvIndexPublic
 
 NO_CACHE_DATA = ("No prefix-cache figures {within}: no request carries a prediction (no pool "
@@ -30,10 +30,6 @@ CACHE_SUBJECT = "prefix cache"
 def has_cache_data(c: CachePublic) -> bool:
     """Whether any request of the window carries a prediction or a report."""
     return c.requests > 0 and (c.predicted_tokens is not None or c.reported_tokens is not None)
-
-
-def fmt_share(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.1%}"
 
 
 def fmt_drift(x: float | None) -> str:

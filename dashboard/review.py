@@ -14,7 +14,7 @@ import streamlit as st
 
 from dashboard.changes import PendingChange
 from dashboard.client import ApiError
-from dashboard.ui import errors
+from dashboard.ui import errors, forecast_card
 from dashboard.ui.reads import forget_reads
 from dashboard.ui.session import client
 
@@ -98,6 +98,7 @@ def show_pending(section: str) -> None:
             st.caption("The controller's plan for its next step (dry run); it plans again "
                        "every step until the pool has converged.")
         st.markdown("\n".join(f"- {e}" for e in change.effects))
+        forecast_card.show_prediction(change.prediction)
         left, right = st.columns(2)
         # The loud button only for a change that drains or stops something.
         left.button("Confirm change", key=f"confirm-{section}",

@@ -20,6 +20,7 @@ from pdctl_api.schema import (
     AdvisorPublic,
     ClusterPublic,
     EventPublic,
+    ForecastPublic,
     HealthPublic,
     InstanceLogPublic,
     InstancePublic,
@@ -36,6 +37,7 @@ from pdctl_api.schema import (
     TargetsPublic,
     TimeseriesPublic,
     UtilizationPublic,
+    WhatIfPublic,
 )
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -157,13 +159,16 @@ class PdctlClient:
         self.close()
 
     def _roundtrip(self, method: str, path: str, params: Mapping[str, Any] | None = None,
-              body: Any = None, auth: bool = True) -> httpx.Response:
+              body: Any = None, auth: bool = True, timeout_s: float | None = None
+              ) -> httpx.Response:
         if auth and not self.token:
             raise ApiError(None, NO_TOKEN, self.base_url)
         if auth and self._bad_token:
             raise ApiError(None, BAD_TOKEN, self.base_url)
         try:
-            r = self._http.request(method, path, params=params, json=body)
+            r = self._http.request(method, path, params=params, json=body,
+                                   timeout=httpx.USE_CLIENT_DEFAULT if timeout_s is None
+                                   else httpx.Timeout(timeout_s, connect=2.0))
         except httpx.HTTPError as exc:
             raise ApiError(None, f"{type(exc).__name__}: {exc}", self.base_url) from None
         if r.status_code >= 400:
@@ -171,9 +176,12 @@ class PdctlClient:
         return r
 
     def _call(self, into: TypeAdapter[T], method: str, path: str,
-              params: Mapping[str, Any] | None = None, body: Any = None) -> T:
-        """One authenticated call under ``/api/v1``, its answer validated into ``into``."""
-        return _parse(into, self._roundtrip(method, API + path, params, body), self.base_url)
+              params: Mapping[str, Any] | None = None, body: Any = None,
+              timeout_s: float | None = None) -> T:
+        """One authenticated call under ``/api/v1``, its answer validated into ``into``
+        (``timeout_s``: this call's, instead of the client's)."""
+        return _parse(into, self._roundtrip(method, API + path, params, body,
+                                            timeout_s=timeout_s), self.base_url)
 
     # ---- reads -------------------------------------------------------------------------
 
@@ -307,6 +315,22 @@ class PdctlClient:
         actions the controller's next reconcile step would take."""
         return self._call(_adapter(PoolPlanPublic), "PATCH", f"/pools/{Role(role)}",
                           {"dry_run": "true"}, self._pool_body(size, tp, kv_mode))
+
+    def predict_pools(self, pools: Mapping[str, Mapping[str, int]],
+                      minutes: float | None = None, timeout_s: float = 60.0
+                      ) -> ForecastPublic:
+        """``POST /api/v1/whatif/pools``: the recent traffic played on the pools now and as
+        ``pools`` proposes (``{"decode": {"size": 2}}``; a pool left out stays), before any
+        change. A read (nothing changes), but seconds of simulation: its own timeout."""
+        body: dict[str, Any] = {role: dict(choice) for role, choice in pools.items()}
+        if minutes is not None:
+            body["minutes"] = minutes
+        return self._call(_adapter(ForecastPublic), "POST", "/whatif/pools", body=body,
+                          timeout_s=timeout_s)
+
+    def whatif(self) -> WhatIfPublic:
+        """``GET /api/v1/whatif``: the last prediction and what became of it."""
+        return self._call(_adapter(WhatIfPublic), "GET", "/whatif")
 
     def drain(self, instance_id: str) -> InstancePublic:
         return self._call(_adapter(InstancePublic), "POST", f"/instances/{instance_id}/drain")

@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from controller.api import cache, control, data, discovery, utilization
+from controller.api import cache, control, data, discovery, utilization, whatif
 from controller.api.asgi import ASGIApp
 from controller.api.gate import ControlGate
 from controller.api.state import AppState
@@ -233,4 +233,5 @@ def create_app(settings: Settings, launcher: Launcher | None = None) -> FastAPI:
     app.include_router(utilization.utilization_routes)
     app.include_router(cache.cache_routes)
     app.include_router(discovery.discovery_routes)
+    app.include_router(whatif.whatif_routes)
     return app

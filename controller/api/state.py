@@ -20,6 +20,7 @@ from controller.router.proxy import Proxy
 from controller.router.table import RoutingTable
 from controller.router.upstream import Upstream
 from controller.store import Store
+from controller.whatif.forecast import Made
 
 
 @dataclass
@@ -41,6 +42,7 @@ class AppState:
     # time, in order.
     writes: asyncio.Lock = field(default_factory=asyncio.Lock)
     fallback: FallbackWatch | None = None  # silent KV fallbacks (told of every decode hop)
+    forecast: Made | None = None  # the last what-if prediction (``controller.api.whatif``)
 
 
 def app_state(request: Request) -> AppState:

@@ -141,7 +141,7 @@ async def _profile_engine(settings: Settings, args: argparse.Namespace) -> Path:
     tp = args.tp
     backend, name = settings.backend, settings.model.name
     accel = settings.hardware.accelerator
-    scale = settings.sim.time_scale if backend == "sim" else 1.0
+    scale = settings.time_scale
     plan = sweep_plan(settings, args, tp)
     source = (f"pdctl profile --backend {backend} --tp {tp}"
               f"{f' --time-scale {scale:g}' if backend == 'sim' else ''}, "

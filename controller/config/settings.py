@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     prometheus: sections.PrometheusSettings = Field(
         default_factory=sections.PrometheusSettings, description="pdctl lab only")
 
+    @property
+    def time_scale(self) -> float:
+        """Wall seconds per modelled second: a simulated fleet's ``sim.time_scale``, else 1."""
+        return self.sim.time_scale if self.backend == "sim" else 1.0
+
     @classmethod
     def settings_customise_sources(
         cls,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -38,18 +37,13 @@ from controller.planner.lookahead import Foresight, Lookahead, Present, look_ahe
 from controller.planner.observe import Window, observe, observed_json, ready
 from controller.planner.predict import LoadPredictor, PredictorName
 from controller.planner.profile import PerfProfile, ProfileIndex, profile_key
-from controller.replay.trace import from_records
 from controller.requests_log import RequestLog
 from controller.store import Store
-from controller.whatif.engine import EngineShape
-from controller.whatif.fleet import Goals
-from controller.whatif.run import RunSpec
-from pdctl_api import profiles
+from controller.whatif.live import live_spec, recent_traffic
 
 log = logging.getLogger("pdctl.planner")
 HISTORY = 720  # decisions kept (a day at 120 s)
 STUCK_INTERVALS = 3  # a change still starting after this many intervals holds nothing back
-LOOKAHEAD_RECORDS = 20_000  # the most recent requests the look-ahead replays
 PLANNER_ACTOR = "planner"
 
 
@@ -133,7 +127,7 @@ class Planner:
 
     @property
     def time_scale(self) -> float:
-        return self.settings.sim.time_scale if self.settings.backend == "sim" else 1.0
+        return self.settings.time_scale
 
     def profile_name(self, role: Role) -> str:
         s = self.settings
@@ -284,25 +278,13 @@ class Planner:
         ps = self.settings.planner
         if not ps.lookahead or plan.mode == "off" or plan.hold is not None:
             return None
-        s = self.settings
-        names = ((profiles.MODELS, s.model.name), (profiles.HARDWARE, s.hardware.accelerator),
-                 (profiles.LINKS, s.hardware.kv_link))
-        missing = [name for table, name in names if name not in table]
-        if missing:
-            return f"look-ahead: no profile for {', '.join(missing)}: not run"
-        now, scale = self.clock(), self.time_scale
-        recent = from_records(self.requests.recent(LOOKAHEAD_RECORDS,
-                                                   since=now - ps.lookahead_window_s * scale),
-                              scale)
+        spec = live_spec(self.settings, self.live.ttft_ms)
+        if isinstance(spec, str):
+            return f"look-ahead: {spec}: not run"
+        now = self.clock()
+        recent = recent_traffic(self.requests, now, ps.lookahead_window_s, self.time_scale)
         if len(recent) < ps.min_requests:
             return f"look-ahead: {len(recent)} recent requests, too few: not run"
-        model = profiles.MODELS[s.model.name]
-        if s.model.max_model_len:
-            model = profiles.with_context(model, min(s.model.max_model_len,
-                                                     model.max_model_len))
-        spec = RunSpec(EngineShape(model, profiles.HARDWARE[s.hardware.accelerator],
-                                   profiles.LINKS[s.hardware.kv_link]),
-                       s.routing, Goals(self.live.ttft_ms, math.inf))
         observed = (plan.observed or {}).get("load", {}).get("request_rate") or 0.0
         predicted = (plan.predicted or {}).get("request_rate") or 0.0
         rate_scale = predicted / observed if observed > 0 and predicted > 0 else 1.0

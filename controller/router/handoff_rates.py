@@ -89,7 +89,7 @@ def handoff_prior(settings: Settings) -> Prior:
     """Costs from the model's roofline on the configured hardware and link (wall time, so a
     simulated fleet's time scale counts), or plain guesses for hardware no profile describes.
     Measurements replace them within a few requests."""
-    scale = settings.sim.time_scale if settings.backend == "sim" else 1.0
+    scale = settings.time_scale
     try:
         hw = profiles.hardware(settings.hardware.accelerator)
         lk = profiles.link(settings.hardware.kv_link)

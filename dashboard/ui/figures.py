@@ -22,6 +22,11 @@ def clock(ts: float) -> str:
     return datetime.fromtimestamp(ts).strftime("%H:%M:%S")
 
 
+def fmt_share(x: float | None) -> str:
+    """A share as a percentage to a tenth; ``n/a`` for none."""
+    return "n/a" if x is None else f"{x:.1%}"
+
+
 def fmt_ms(ms: Any) -> str:
     return f"{float(ms):.1f} ms"
 

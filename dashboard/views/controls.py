@@ -9,13 +9,14 @@ until they match the desired state."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, get_args
 
 import streamlit as st
 
 from dashboard import changes, integrity, review
 from dashboard.client import ApiError
-from dashboard.ui import alerts, errors, reads
+from dashboard.ui import alerts, errors, forecast_card, reads
 from dashboard.ui.session import client
 from dashboard.ui.sidebar import run_every
 from pdctl_api.schema import InstancePublic, PolicyName, PoolPublic, Role, RoutingPublic
@@ -46,7 +47,10 @@ def review_pool(role: Role, size: int, tp: int, new_size: int, new_tp: int,
     if isinstance(plan, ApiError):
         st.session_state[review.CHANGE_OUTCOME_KEY] = (role, False, plan)
         return
-    review.review(role, changes.pool_change(role, size, tp, plan, kv_mode))
+    proposed = {k: v for k, v in (("size", request.size), ("tp", request.tp)) if v is not None}
+    prediction = forecast_card.predict({role.value: proposed}) if proposed else None
+    review.review(role, replace(changes.pool_change(role, size, tp, plan, kv_mode),
+                                prediction=prediction))
 
 
 # ---- convergence (live) ------------------------------------------------------------------------
@@ -285,6 +289,7 @@ def change_forms() -> None:
 
 
 convergence()
+forecast_card.hindsight()
 if reads.may_change():
     change_forms()
 else:

@@ -12,7 +12,7 @@ import streamlit as st
 
 from dashboard import changes, charts, planner_view
 from dashboard.client import ApiError
-from dashboard.ui import alerts, errors, marks, plot
+from dashboard.ui import alerts, errors, forecast_card, marks, plot
 from dashboard.ui.figures import clock
 from dashboard.ui.reads import forget_reads, may_change
 from dashboard.ui.session import client
@@ -23,6 +23,7 @@ from pdctl_api.schema import PlannerMode, PlannerPublic, PredictorName, Role
 PLANNER_PASSES = 720  # planner passes read: the API's most; the page shows those in its window
 
 PLANNER_PENDING_KEY = "pdctl_planner_pending"  # (kind, payload, effects)
+PLANNER_PREDICTION_KEY = "pdctl_planner_prediction"  # the reviewed recommendation's what-if
 PLANNER_OUTCOME_KEY = "pdctl_planner_outcome"  # (ok, message or ApiError)
 MODES: list[str] = list(get_args(PlannerMode))
 PREDICTORS: list[str] = list(get_args(PredictorName))
@@ -49,6 +50,7 @@ def _outcome() -> None:
 
 def _confirm() -> None:
     held = st.session_state.pop(PLANNER_PENDING_KEY, None)
+    st.session_state.pop(PLANNER_PREDICTION_KEY, None)
     if held is None:
         return
     kind, payload, _ = held
@@ -72,6 +74,7 @@ def _confirm() -> None:
 
 def _cancel() -> None:
     st.session_state.pop(PLANNER_PENDING_KEY, None)
+    st.session_state.pop(PLANNER_PREDICTION_KEY, None)
 
 
 def _pending() -> None:
@@ -85,6 +88,8 @@ def _pending() -> None:
         (st.warning if kind == "pools" or "apply" in " ".join(effects) else st.info)(
             f"**{title}**")
         st.markdown("\n".join(f"- {e}" for e in effects))
+        if kind == "pools":
+            forecast_card.show_prediction(st.session_state.get(PLANNER_PREDICTION_KEY))
         left, right = st.columns(2)
         left.button("Confirm", key="planner-confirm", type="primary", on_click=_confirm)
         right.button("Cancel", key="planner-cancel", on_click=_cancel)
@@ -145,6 +150,8 @@ def review_recommendation(want: dict[Role, int]) -> None:
     if isinstance(effects, ApiError):
         st.session_state[PLANNER_OUTCOME_KEY] = (False, effects)
         return
+    st.session_state[PLANNER_PREDICTION_KEY] = forecast_card.predict(
+        {role.value: {"size": size} for role, size in want.items()})
     st.session_state[PLANNER_PENDING_KEY] = ("pools", want, effects)
 
 
@@ -237,6 +244,7 @@ def planner_page() -> None:
     else:
         alerts.read_only_note()
     live()
+    forecast_card.hindsight()
 
 
 planner_page()

@@ -95,6 +95,16 @@ from pdctl_api.schema.utilization import (
     RateClock,
     UtilizationPublic,
 )
+from pdctl_api.schema.whatif import (
+    ComparisonPublic,
+    FiguresPublic,
+    ForecastPublic,
+    LayoutPublic,
+    PoolChoice,
+    WhatIfPools,
+    WhatIfPublic,
+    WhatIfStatus,
+)
 
 __all__ = [
     "PARTS", "ROUTING_FIELDS", "CacheBucket", "CacheInstancePublic", "CachePublic",
@@ -114,4 +124,7 @@ __all__ = [
     # /utilization
     "CapacityPublic", "InstanceLoadPublic", "LoadSeriesPublic", "LoadSummaryPublic",
     "PoolLoadPublic", "RateClock", "UtilizationPublic",
+    # /whatif
+    "ComparisonPublic", "FiguresPublic", "ForecastPublic", "LayoutPublic", "PoolChoice",
+    "WhatIfPools", "WhatIfPublic", "WhatIfStatus",
 ]

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from controller.api.control import planned
 from controller.config import TargetsSettings, describe_validation_error
-from controller.errors import InvalidChange
+from controller.errors import InvalidChange, Unpredictable
 from controller.fleet.guard import Quarantine
 from controller.fleet.history import LoadSamples
 from controller.fleet.reconcile import Capacity, FleetState, Member, Start, reconcile
@@ -36,6 +36,7 @@ from controller.sizing import advisor, fit
 from dashboard.client import ControllerClient
 from pdctl_api import profiles
 from tests.dashboard.fake_handoff import handoff_view, strip_legacy
+from tests.dashboard.fake_whatif import whatif_answer
 
 TOKEN = "secret-token"
 URL = "http://fake-controller:8080"
@@ -166,13 +167,22 @@ class FakeController:
     load_samples: LoadSamples | None = None  # the engines' polls (None: one per bucket)
     # /cache: each instance's block index (None: every live instance's, healthy)
     kv_index: list[IndexState] | None = None
+    # /whatif: the last prediction and its fate; a prediction asked for is ``forecast_of``
+    # the proposal, or refused (409) with ``unpredictable`` as the reason
+    whatif: dict[str, Any] = field(default_factory=lambda: {"forecast": None})
+    unpredictable: str | None = None
 
     def client(self, token: str | None = TOKEN) -> ControllerClient:
         return ControllerClient(URL, token, transport=httpx.MockTransport(self.handle))
 
     def changes(self) -> list[tuple[str, str, Any]]:
-        """Calls that may change something: neither reads nor dry runs."""
-        return [c for c in self.calls if c[0] != "GET" and "dry_run=true" not in c[1]]
+        """Calls that may change something: neither reads, dry runs nor predictions."""
+        return [c for c in self.calls if c[0] != "GET" and "dry_run=true" not in c[1]
+                and not c[1].startswith("/api/v1/whatif")]
+
+    def predictions(self) -> list[Any]:
+        """The bodies of the what-if predictions asked for."""
+        return [c[2] for c in self.calls if c[1] == "/api/v1/whatif/pools"]
 
     def dry_runs(self) -> list[tuple[str, str, Any]]:
         return [c for c in self.calls if "dry_run=true" in c[1]]
@@ -199,6 +209,8 @@ class FakeController:
             return httpx.Response(422, json={"detail": str(exc), "field": exc.field})
         except KeyError as exc:
             return httpx.Response(404, json={"detail": f"no instance {exc.args[0]!r}"})
+        except Unpredictable as exc:
+            return httpx.Response(409, json={"detail": str(exc)})
 
     def route(self, request: httpx.Request, body: Any) -> Any:
         path = request.url.path.removeprefix("/api/v1")
@@ -298,6 +310,8 @@ class FakeController:
         if request.method == "GET" and path.startswith("/instances/") and path.endswith("/log"):
             iid = path.split("/")[2]
             return {"id": iid, "log": f"INFO engine log line of {iid}"}
+        if path.startswith("/whatif"):
+            return whatif_answer(self, key, body)
         raise InvalidChange(f"fake controller: no route {key}")
 
     def utilization(self, window: float, step: float, now: float) -> dict[str, Any]:

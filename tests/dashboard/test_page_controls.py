@@ -7,7 +7,8 @@ from streamlit.testing.v1 import AppTest
 
 from controller.models import PoolTarget, Role
 from tests.dashboard.fake import FakeController, make_instances
-from tests.dashboard.page_helpers import Console, by_label, no_exceptions, texts
+from tests.dashboard.fake_whatif import figures_of, forecast_of
+from tests.dashboard.page_helpers import Console, by_label, frame_with, no_exceptions, texts
 
 
 def test_targets_are_reviewed_then_sent(console: Console, fake: FakeController) -> None:
@@ -181,3 +182,52 @@ def test_a_reviewed_change_is_scrolled_into_view_once(console: Console,
     at.run()  # a refresh: the confirmation stays, the page does not move again
     assert "Confirm — targets: ttft_p95_ms" in texts(at.info)
     assert not at.get("html")
+
+
+def test_a_pool_change_review_shows_its_prediction(console: Console,
+                                                   fake: FakeController) -> None:
+    at = console(fake, "controls")
+    review_pool(at, "decode", size=3)
+    no_exceptions(at)
+    assert fake.predictions() == [{"decode": {"size": 3}}]
+    assert fake.changes() == [], "a prediction changes nothing"
+    shown = texts(at.markdown)
+    assert "Predicted on the last 300 requests (10.0 min of traffic)" in shown
+    assert "within the TTFT target (2,000 ms): 62.0% now → 97.0% proposed" in shown
+    table = frame_with(at, "proposed p90")
+    ttft = table[table["figure"] == "TTFT"].iloc[0]
+    assert (ttft["now p50"], ttft["proposed p50"]) == ("1,800", "900")  # 2 -> 4 instances
+    at.button(key="confirm-decode").click().run()
+    assert fake.changes() == [("PATCH", "/api/v1/pools/decode", {"size": 3})]
+
+
+def test_a_change_the_controller_cannot_predict_is_still_reviewed(
+        console: Console, fake: FakeController) -> None:
+    fake.unpredictable = "no prediction: no profile for my-finetune"
+    at = console(fake, "controls")
+    review_pool(at, "decode", size=2)
+    no_exceptions(at)
+    assert "What-if: no prediction: no profile for my-finetune" in texts(at.caption)
+    at.button(key="confirm-decode").click().run()
+    assert fake.changes() == [("PATCH", "/api/v1/pools/decode", {"size": 2})]
+
+
+def test_the_last_prediction_is_shown_against_what_was_measured(
+        console: Console, fake: FakeController) -> None:
+    at = console(fake, "controls")
+    assert "What-if: predicted against measured" not in texts(at.subheader)
+    forecast = forecast_of(fake.targets, {"decode": {"size": 2}})
+    fake.whatif = {
+        "forecast": forecast, "status": "measured", "applied_at": 1.0, "converged_at": 2.0,
+        "min_requests": 20, "measured": figures_of(1000.0, 0.9),
+        "comparison": [{"figure": "ttft", "quantile": "p50", "predicted_ms": 1200.0,
+                        "measured_ms": 1000.0, "error": 0.2}]}
+    at.run()
+    no_exceptions(at)
+    assert "What-if: predicted against measured" in texts(at.subheader)
+    shown = texts(at.markdown)
+    assert "measured on the requests served since the change converged" in shown
+    assert "within the TTFT target: predicted 97.0%, measured 90.0% (300 requests)" in shown
+    row = frame_with(at, "measured (ms)").iloc[0].to_dict()
+    assert row == {"figure": "TTFT", "quantile": "p50", "predicted (ms)": "1,200",
+                   "measured (ms)": "1,000", "error": "+20%"}

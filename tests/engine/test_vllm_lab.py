@@ -10,7 +10,7 @@ import random
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -191,12 +191,35 @@ _ONE_TOKEN = ("the of and to in is for on with model token cache prefill decode 
 PREFIX = " ".join(random.Random(3).choice(_ONE_TOKEN) for _ in range(1650))
 
 
-def indexed(lab: ControllerProc, instance: str) -> int:
-    """The blocks the controller's index holds for ``instance`` (from its KV events)."""
+def kv_index(lab: ControllerProc, instance: str) -> dict[str, Any]:
+    """The controller's block index of ``instance`` (from its KV events), as /cache says."""
     for i in lab.get("/cache")["instances"]:
         if i["instance"] == instance:
-            return int(i["kv_index"]["blocks"]) if i["kv_index"]["healthy"] else -1
-    return -1
+            return dict(i["kv_index"])
+    return {"healthy": False, "blocks": 0, "events": 0}
+
+
+def indexed(lab: ControllerProc, instance: str) -> int:
+    """The blocks the controller's index holds for ``instance``; -1 while it is not healthy."""
+    index = kv_index(lab, instance)
+    return int(index["blocks"]) if index["healthy"] else -1
+
+
+def events_settled(lab: ControllerProc, instance: str, before: int) -> Callable[[], bool]:
+    """A wait's test: the index of ``instance`` took events since it counted ``before`` and
+    none for a second since (with no other traffic: those of the last request)."""
+    last = [-1]
+
+    def settled() -> bool:
+        index = kv_index(lab, instance)
+        n = int(index["events"]) if index["healthy"] else -1
+        done = n > before and n == last[0]
+        last[0] = n
+        if not done:
+            time.sleep(1)
+        return done
+
+    return settled
 
 
 def complete(lab: ControllerProc, prompt: str) -> dict[str, Any]:
@@ -246,20 +269,30 @@ def test_engines_publish_kv_events_and_the_router_predicts_their_cache_hits(
                                       "decode_policy": "least_loaded"}).raise_for_status()
 
 
-def warm_decode_is_chosen(lab: ControllerProc) -> None:
+def warm_decode_is_chosen(lab: ControllerProc, load: Load) -> None:
     """Two decode instances, every prompt colocated, decode routed by cache: a prompt sharing
-    a long prefix with the previous one goes to the instance that served it."""
+    a long prefix with the previous one goes to the instance that served it. The load is held
+    still meanwhile: its KV events would be taken for the prefix's (so the wait below could
+    end before the prefix's own arrived), and its queued prompts would rightly outweigh the
+    cache."""
     lab.api("PATCH", "/routing", {"decode_policy": "cache_aware",
                                   "disagg_min_prompt_tokens": 100_000}).raise_for_status()
     try:
-        prefix = "warm " + PREFIX
-        first = complete(lab, prefix + " one")
-        warm = first["decode_instance"]
-        lab.wait(lambda: indexed(lab, warm) >= 12, 60, "the prefix indexed on " + warm)
-        for tail in (" two", " three"):
-            rec = complete(lab, prefix + tail)
-            assert rec["path"] == "colocated" and rec["decode_instance"] == warm, rec
-            assert rec["cached_tokens"] == rec["cached_tokens_predicted"] >= 12 * 128, rec
+        with load.paused():
+            time.sleep(1)  # the last load requests' KV events reach the index
+            before = {i["id"]: int(kv_index(lab, i["id"])["events"])
+                      for i in lab.get("/instances?role=decode&state=ready")}
+            prefix = "warm " + PREFIX
+            first = complete(lab, prefix + " one")
+            warm = first["decode_instance"]
+            # Its KV events indexed (a count of blocks would not do: a full cache evicts as
+            # many as the prefix stores).
+            lab.wait(events_settled(lab, warm, before[warm]), 60,
+                     "the prefix's KV events indexed on " + warm)
+            for tail in (" two", " three"):
+                rec = complete(lab, prefix + tail)
+                assert rec["path"] == "colocated" and rec["decode_instance"] == warm, rec
+                assert rec["cached_tokens"] == rec["cached_tokens_predicted"] >= 12 * 128, rec
     finally:
         lab.api("PATCH", "/routing", {"decode_policy": "least_loaded",
                                       "disagg_min_prompt_tokens": 128}).raise_for_status()
@@ -278,7 +311,7 @@ def test_scale_decode_1_2_1_under_light_load(lab: ControllerProc) -> None:
         lab.api("PATCH", "/pools/decode", {"size": 2}).raise_for_status()
         wait_converged_under(lab, load, START_S)
         assert len(lab.get("/instances?role=decode&state=ready")) == 2
-        warm_decode_is_chosen(lab)
+        warm_decode_is_chosen(lab, load)
         lab.api("PATCH", "/pools/decode", {"size": 1}).raise_for_status()
         wait_converged_under(lab, load, 600)
         res = load.stop()

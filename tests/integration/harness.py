@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,7 +59,8 @@ class LoadResult:
 class Load:
     """Closed-loop client load in a background thread: ``workers`` concurrent clients, mixed
     long/short prompts, streaming and not. Every non-200, error event or missing [DONE] is a
-    failure with its reason."""
+    failure with its reason. ``paused()`` holds it still for a check that must see the
+    cluster without its traffic."""
 
     def __init__(self, url: str, workers: int = 6, max_tokens: int = 8,
                  model: str = "llama-3-70b", extra: dict[str, Any] | None = None,
@@ -70,6 +74,9 @@ class Load:
         self.timeout_s, self.pause_s = timeout_s, pause_s
         self.result = LoadResult()
         self._stop = threading.Event()
+        self._go = threading.Event()
+        self._go.set()
+        self._inflight = 0
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
     def __enter__(self) -> Load:
@@ -79,8 +86,22 @@ class Load:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @contextmanager
+    def paused(self, timeout_s: float = 300.0) -> Iterator[None]:
+        """No new request is sent inside the block, which starts once those in flight ended."""
+        self._go.clear()
+        try:
+            deadline = time.monotonic() + timeout_s
+            while self._inflight and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not self._inflight, f"{self._inflight} load requests still in flight"
+            yield
+        finally:
+            self._go.set()
+
     def stop(self) -> LoadResult:
         self._stop.set()
+        self._go.set()
         self._thread.join(timeout=60)
         return self.result
 
@@ -91,6 +112,11 @@ class Load:
     async def _worker(self, client: httpx.AsyncClient, w: int) -> None:
         n = 0
         while not self._stop.is_set():
+            self._inflight += 1  # before the check: paused() waits for it or it waits
+            if not self._go.is_set():
+                self._inflight -= 1
+                await asyncio.sleep(0.05)
+                continue
             n += 1
             stream = (n + w) % 2 == 0 if self.streaming is None else self.streaming
             prompt = LONG_PROMPT if self.long_only or (n + w) % 3 else SHORT_PROMPT
@@ -100,6 +126,8 @@ class Load:
                 reason = await self._one(client, body)
             except httpx.HTTPError as exc:
                 reason = f"{type(exc).__name__}: {exc}"
+            finally:
+                self._inflight -= 1
             if reason:
                 self.result.failures.append(reason)
             else:

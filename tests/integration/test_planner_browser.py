@@ -1,7 +1,9 @@
 """The Planner page in a real browser (Debian's Chromium, Playwright) against a simulated
 controller under load with the planner in advisory mode: the recommendation is applied
-through the page's review (the controller's dry run) and confirmation, and a target is
-changed from the page; both land in the controller and its audit log as the console's."""
+through the page's review (the controller's dry run and its what-if prediction on the recent
+traffic) and confirmation, the prediction is then shown against what was measured once the
+pools converged, and a target is changed from the page; the changes land in the controller
+and its audit log as the console's."""
 
 from __future__ import annotations
 
@@ -48,12 +50,28 @@ def test_planner_page_applies_a_recommendation_and_changes_a_target(
         expect(page.get_by_text("Confirm — apply the planner's recommendation")
                ).to_be_visible(timeout=15_000)
         expect(page.get_by_text("start a prefill instance at TP 4").first).to_be_visible()
+        # the what-if: the load so far played on 1 and on 2 prefill instances
+        prediction = page.locator(".st-key-pdctl-prediction")
+        expect(prediction).to_contain_text("Predicted on the last", timeout=15_000)
+        expect(prediction).to_contain_text("→ 2xTP4 prefill")
+        expect(prediction).to_contain_text("accelerator-hours for that traffic")
+        prediction.screenshot(path=SHOTS / "whatif-review.png")
         assert controller.get("/cluster")["pools"]["prefill"]["desired"]["size"] == 1
         page.get_by_role("button", name="Confirm", exact=True).click()
         expect(page.get_by_text("recommendation applied")).to_be_visible(timeout=15_000)
         controller.wait(
             lambda: controller.get("/cluster")["pools"]["prefill"]["desired"]["size"] == 2,
             10, "desired prefill size 2")
+        # once converged, the prediction against the requests served since
+        hindsight = page.locator(".st-key-pdctl-hindsight")
+        expect(hindsight).to_contain_text("measured on the requests served since the change "
+                                          "converged", timeout=90_000)
+        expect(hindsight).to_contain_text("within the TTFT target: predicted")
+        hindsight.screenshot(path=SHOTS / "whatif-measured.png")
+        whatif = controller.get("/whatif")
+        assert whatif["status"] == "measured" and whatif["forecast"]["proposed"]["prefill"][
+            "count"] == 2
+        assert {c["figure"] for c in whatif["comparison"]} >= {"ttft", "queue", "prefill"}
 
         ttft = page.get_by_role("spinbutton", name="Planner TTFT p95 target (ms)")
         ttft.fill("1500")
