@@ -7,7 +7,7 @@ from datetime import datetime
 
 import pandas as pd
 
-from pdctl_api.schema import PlannerPublic, PlanPublic, Role
+from pdctl_api.schema import PlannerPublic, PlanPublic, Role, TpAdvicePublic
 
 
 def sizes(history: list[PlanPublic]) -> pd.DataFrame:
@@ -78,3 +78,9 @@ def pending_recommendation(planner: PlannerPublic) -> dict[Role, int] | None:
     last = planner.history[-1]
     diff = {r: last.recommended[r] for r in Role if last.recommended[r] != last.current[r]}
     return diff or None
+
+
+def pending_tp(planner: PlannerPublic) -> TpAdvicePublic | None:
+    """The last pass's TP advice (any mode: the planner recommends a TP, never applies one;
+    the next pass gives none once the pool has it); None without one."""
+    return planner.history[-1].tp_advice if planner.history else None

@@ -48,6 +48,7 @@ from pdctl_api.schema import (
     RequestPublic,
     StatsPublic,
     TimeseriesPublic,
+    TpAdvicePublic,
 )
 from pdctl_api.schema.cluster import KvPeerPublic
 
@@ -248,7 +249,8 @@ def plan_view(p: Plan) -> PlanPublic:
         reasons=list(p.reasons), hold=p.hold,
         observed=None if p.observed is None else PlanObserved.model_validate(p.observed),
         predicted=None if p.predicted is None else PlanLoad.model_validate(p.predicted),
-        applied=p.applied, error=p.error)
+        applied=p.applied, error=p.error,
+        tp_advice=None if p.tp_advice is None else TpAdvicePublic.model_validate(p.tp_advice))
 
 
 def planner_view(st: AppState, history: int) -> PlannerPublic:

@@ -210,6 +210,10 @@ class PlannerSettings(Strict):
     instance_start_s: float = Field(60.0, ge=0, le=3600, description=(
         "modelled seconds from asking for an instance to its first request, as the "
         "look-ahead assumes"))
+    tp_advice: bool = Field(False, description=(
+        "every pass, play the recorded traffic of the last lookahead_window_s with each TP "
+        "either pool may take and recommend one that serves it as well for fewer "
+        "accelerators (never applied: reviewed and confirmed on the console)"))
 
     @model_validator(mode="after")
     def _bounds(self) -> PlannerSettings:

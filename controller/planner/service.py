@@ -37,6 +37,7 @@ from controller.planner.lookahead import Foresight, Lookahead, Present, look_ahe
 from controller.planner.observe import Window, observe, observed_json, ready
 from controller.planner.predict import LoadPredictor, PredictorName
 from controller.planner.profile import PerfProfile, ProfileIndex, profile_key
+from controller.planner.tp_advice import TpAdvice, advise_tp
 from controller.requests_log import RequestLog
 from controller.store import Store
 from controller.whatif.live import live_spec, recent_traffic
@@ -76,12 +77,13 @@ class Plan:
     predicted: dict[str, float] | None
     applied: bool = False
     error: str | None = None
+    tp_advice: dict[str, Any] | None = None  # a pool's size and TP to review (never applied)
 
     def public(self) -> dict[str, Any]:
         return {"at": self.at, "mode": self.mode, "current": self.current,
                 "recommended": self.recommended, "reasons": list(self.reasons),
                 "hold": self.hold, "observed": self.observed, "predicted": self.predicted,
-                "applied": self.applied, "error": self.error}
+                "applied": self.applied, "error": self.error, "tp_advice": self.tp_advice}
 
 
 @dataclass
@@ -297,21 +299,59 @@ class Planner:
         return lambda: look_ahead(recent, proposal, present, spec, la, bounds, ttft_ms,
                                   rate_scale, may_shrink)
 
-    async def tick(self) -> Plan:
-        async with self.writes:
-            plan = self.step()
+    def _tp_job(self, plan: Plan) -> Callable[[], TpAdvice] | str | None:
+        """The TP advice for ``plan``'s recommended sizes as a job to run off the event loop,
+        a reason it cannot run, or None when it should not."""
+        ps = self.settings.planner
+        if not ps.tp_advice or plan.mode == "off":
+            return None
+        spec = live_spec(self.settings, self.live.ttft_ms)
+        if isinstance(spec, str):
+            return f"TP: {spec}: no advice"
+        recent = recent_traffic(self.requests, self.clock(), ps.lookahead_window_s,
+                                self.time_scale)
+        if len(recent) < ps.min_requests:
+            return f"TP: {len(recent)} recent requests, too few: no advice"
+        pools = self.pools()
+        counts = (plan.recommended["prefill"], plan.recommended["decode"])
+        valid = {r: self.fleet.desired.valid_tps(r) for r in Role}
+        return lambda: advise_tp(recent, pools, counts, valid, spec)
+
+    async def _off_loop(self, plan: Plan) -> Plan:
+        """``plan`` corrected by its look-ahead, then with its TP advice: seconds of
+        discrete-event runs, off the event loop and unlocked; a failure leaves the planner's
+        own sizes, with the reason."""
         job = self._foresight_job(plan)
         if isinstance(job, str):
             plan = replace(plan, reasons=(*plan.reasons, job))
-        elif job is not None:  # seconds of discrete-event runs: off the loop, unlocked
+        elif job is not None:
             try:
                 f = await asyncio.to_thread(job)
-            except Exception as exc:  # the planner's own sizes stand
+            except Exception as exc:
                 log.exception("planner look-ahead failed")
                 plan = replace(plan, reasons=(*plan.reasons, f"look-ahead failed: {exc}"))
             else:
                 plan = replace(plan, recommended={"prefill": f.prefill, "decode": f.decode},
                                reasons=(*plan.reasons, *f.reasons))
+        tp = self._tp_job(plan)
+        if isinstance(tp, str):
+            return replace(plan, reasons=(*plan.reasons, tp))
+        if tp is None:
+            return plan
+        try:
+            advice = await asyncio.to_thread(tp)
+        except Exception as exc:
+            log.exception("planner TP advice failed")
+            return replace(plan, reasons=(*plan.reasons, f"TP advice failed: {exc}"))
+        chosen = None if advice.role is None else {
+            "role": advice.role, "size": advice.counts[advice.role],
+            "tp": advice.tp[advice.role]}
+        return replace(plan, tp_advice=chosen, reasons=(*plan.reasons, *advice.reasons))
+
+    async def tick(self) -> Plan:
+        async with self.writes:
+            plan = self.step()
+        plan = await self._off_loop(plan)
         async with self.writes:
             plan = self.act(plan)
         self.history.append(plan)

@@ -60,6 +60,10 @@ def _confirm() -> None:
         if kind == "settings":
             c.set_planner(payload)
             return "planner settings changed"
+        if kind == "tp":
+            role, size, tp = payload
+            c.set_pool(role, size=size, tp=tp)
+            return f"TP recommendation applied: the {role} pool is being replaced at TP {tp}"
         for role in sorted(payload, key=lambda r: payload[r]):  # shrink first
             c.set_pool(role, size=payload[role])
         return "recommendation applied: the pools are converging"
@@ -83,12 +87,13 @@ def _pending() -> None:
         return
     kind, _, effects = held
     with st.container(border=True):
-        title = ("Confirm — planner settings" if kind == "settings"
-                 else "Confirm — apply the planner's recommendation")
-        (st.warning if kind == "pools" or "apply" in " ".join(effects) else st.info)(
+        title = {"settings": "Confirm — planner settings",
+                 "tp": "Confirm — apply the planner's TP recommendation"}.get(
+            kind, "Confirm — apply the planner's recommendation")
+        (st.warning if kind != "settings" or "apply" in " ".join(effects) else st.info)(
             f"**{title}**")
         st.markdown("\n".join(f"- {e}" for e in effects))
-        if kind == "pools":
+        if kind in ("pools", "tp"):
             forecast_card.show_prediction(st.session_state.get(PLANNER_PREDICTION_KEY))
         left, right = st.columns(2)
         left.button("Confirm", key="planner-confirm", type="primary", on_click=_confirm)
@@ -155,6 +160,21 @@ def review_recommendation(want: dict[Role, int]) -> None:
     st.session_state[PLANNER_PENDING_KEY] = ("pools", want, effects)
 
 
+def review_tp(role: Role, size: int, tp: int) -> None:
+    """The controller's dry run and what-if of the planner's TP advice for ``role``."""
+    st.session_state.pop(PLANNER_OUTCOME_KEY, None)
+    plan = errors.attempt(lambda: client().plan_pool(role, size=size, tp=tp))
+    if isinstance(plan, ApiError):
+        st.session_state[PLANNER_OUTCOME_KEY] = (False, plan)
+        return
+    effects = [f"**{role}** → {size} x TP{tp}: a rolling replacement, every instance of the "
+               "pool drained and restarted at the new TP",
+               *([changes.action_text(a) for a in plan.actions] or [changes.NOTHING_PLANNED])]
+    st.session_state[PLANNER_PREDICTION_KEY] = forecast_card.predict(
+        {role.value: {"size": size, "tp": tp}})
+    st.session_state[PLANNER_PENDING_KEY] = ("tp", (role, size, tp), effects)
+
+
 @st.fragment(run_every=run_every())
 @errors.card
 def live() -> None:
@@ -185,6 +205,12 @@ def live() -> None:
         st.button("Review the recommendation", type="primary", on_click=review_recommendation,
                   args=(want,), help="as a pool change: the controller's dry run, then your "
                                      "confirmation")
+    tp = planner_view.pending_tp(pl)
+    if tp is not None and may_change():
+        st.button(f"Review the TP recommendation ({tp.role} {tp.size} x TP{tp.tp})",
+                  on_click=review_tp, args=(tp.role, tp.size, tp.tp),
+                  help="the planner never changes a TP itself: its dry run, what-if and your "
+                       "confirmation, as any pool change")
     if not hist:
         st.caption("No decision yet: the first comes one interval after the mode leaves off."
                    if not pl.history else

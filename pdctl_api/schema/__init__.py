@@ -62,6 +62,7 @@ from pdctl_api.schema.planner import (
     PlanObserved,
     PlanPublic,
     PredictorName,
+    TpAdvicePublic,
 )
 from pdctl_api.schema.requests import (
     PARTS,
@@ -123,7 +124,7 @@ __all__ = [
     "TransferShare", "TtftBucket", "VerdictPublic",
     # /utilization
     "CapacityPublic", "InstanceLoadPublic", "LoadSeriesPublic", "LoadSummaryPublic",
-    "PoolLoadPublic", "RateClock", "UtilizationPublic",
+    "PoolLoadPublic", "RateClock", "UtilizationPublic", "TpAdvicePublic",
     # /whatif
     "ComparisonPublic", "FiguresPublic", "ForecastPublic", "LayoutPublic", "PoolChoice",
     "WhatIfPools", "WhatIfPublic", "WhatIfStatus",

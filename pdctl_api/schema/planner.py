@@ -50,6 +50,12 @@ class PlanObserved(Public):
     disagg_token_share: float
 
 
+class TpAdvicePublic(Public):
+    role: Role
+    size: int
+    tp: int
+
+
 class PlanPublic(Public):
     """One pass of the planner: what it saw, predicted and recommended, and why."""
 
@@ -63,6 +69,9 @@ class PlanPublic(Public):
     predicted: PlanLoad | None = None
     applied: bool = False
     error: str | None = None
+    tp_advice: TpAdvicePublic | None = Field(None, description=(
+        "planner.tp_advice: a pool's size and TP that serve the recent traffic better; "
+        "recommended only, never applied by the planner"))
 
 
 class PlannerBounds(Public):

@@ -125,3 +125,28 @@ def test_the_planner_charts_cover_the_window_with_its_marks(console: Console,
     assert all(any("failed" in set(df.get("kind", [])) for df in chart_frames(c))
                for c in charts)
     assert "decode-1 failed: process exited with status -9 (SIGKILL)" in texts(at.caption)
+
+
+def test_a_tp_recommendation_is_reviewed_with_its_prediction_then_sent(
+        console: Console, fake: FakeController) -> None:
+    now = time.time()
+    fake.planner = planner_view([planner_pass(
+        now - 10, (1, 1), (1, 1), 2.0, tp_advice={"role": "prefill", "size": 1, "tp": 8},
+        reasons=["TP: recommend prefill 1 x TP8: 97.0% within target on 10 accelerators"])],
+        mode="apply")
+    at = console(fake, "planner")
+    no_exceptions(at)
+    assert not [b for b in at.button if b.label == "Review the recommendation"]
+    by_label(at.button, "Review the TP recommendation (prefill 1 x TP8)").click().run()
+    no_exceptions(at)
+    assert [c[1] for c in fake.dry_runs()] == ["/api/v1/pools/prefill?dry_run=true"]
+    assert fake.predictions() == [{"prefill": {"size": 1, "tp": 8}}]
+    assert fake.changes() == []
+    assert "Confirm — apply the planner's TP recommendation" in texts(at.warning)
+    shown = texts(at.markdown)
+    assert "**prefill** → 1 x TP8: a rolling replacement" in shown
+    assert "Predicted on the last 300 requests" in shown
+    by_label(at.button, "Confirm").click().run()
+    no_exceptions(at)
+    assert fake.changes() == [("PATCH", "/api/v1/pools/prefill", {"size": 1, "tp": 8})]
+    assert fake.targets[Role.PREFILL].tp == 8
