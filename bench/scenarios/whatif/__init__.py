@@ -11,11 +11,18 @@ slice and layout: p50 and p90 of TTFT, each TTFT part, and the inter-token gap p
     .venv/bin/python -m bench whatif                 # the hour, and 300 requests live
     .venv/bin/python -m bench whatif --quick         # 5 minutes, and 40 requests live
     .venv/bin/python -m bench whatif --skip-fidelity --speed-minutes 60
+    .venv/bin/python -m bench whatif --lab lab-model --trace ../shared/traces/... \
+        --requests 60 --rate-scale 0.2 --speed-minutes 5   # against the real CPU lab
+
+With ``--lab`` the live side is the real CPU lab (``pdctl lab``'s configuration: vLLM's CPU
+build, 1 prefill + 1 decode, KV over NIXL in host memory) and the discrete-event side runs
+lab-tiny on the cpu-lab profile with the lab's routing; prompts fitted to its context.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from bench.scenario import Scenario, take_given
 from bench.scenarios.whatif.model import WhatIfOptions, WhatIfResult
@@ -46,13 +53,22 @@ class WhatIfScenario(Scenario[WhatIfOptions, WhatIfResult], name="whatif",
                         help="the live fleet's sim.time_scale (default 1)")
         ap.add_argument("--skip-fidelity", action="store_true", dest="skip_fidelity",
                         help="the speed run only")
+        ap.add_argument("--trace", type=Path,
+                        help="the trace (default the Mooncake conversation trace)")
+        ap.add_argument("--lab", type=Path, dest="lab_model_dir", metavar="MODEL_DIR",
+                        help="fidelity against the real CPU lab (vLLM, 1 prefill + 1 decode "
+                             "over NIXL, the model pdctl make-model wrote to MODEL_DIR) "
+                             "instead of the simulated fleet")
         ap.add_argument("--quick", action="store_true", help="5 minutes; 40 requests live")
 
     def options(self, args: argparse.Namespace) -> WhatIfOptions:
         o = WhatIfOptions.defaults(args.quick)
         take_given(o, args, ("speed_minutes", "fidelity_requests", "fidelity_start_s",
-                             "fidelity_rate_scale", "time_scale"))
+                             "fidelity_rate_scale", "time_scale", "trace", "lab_model_dir"))
         o.skip_fidelity = args.skip_fidelity
+        if o.lab_model_dir is not None:  # the lab's pools, in real time
+            o.fidelity_prefill = o.fidelity_decode = 1
+            o.time_scale = 1.0
         return o
 
     def defaults(self, quick: bool) -> WhatIfOptions:

@@ -29,6 +29,9 @@ class WhatIfOptions:
     fidelity_rate_scale: float = 1.0
     time_scale: float = 1.0  # the live fleet's sim.time_scale
     skip_fidelity: bool = False
+    # the real CPU lab (vLLM, this generated model) instead of the simulated fleet: 1 + 1 TP1,
+    # lab-tiny on cpu-lab over host memory, as ``pdctl lab`` runs it
+    lab_model_dir: Path | None = None
 
     @classmethod
     def defaults(cls, quick: bool) -> WhatIfOptions:

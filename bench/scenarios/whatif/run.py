@@ -17,6 +17,7 @@ import httpx
 from bench.fleet import start_controller
 from bench.processes import FleetError, ProcessFleet, wait_until
 from bench.scenarios.cache.trace_run import replay_to_end
+from bench.scenarios.lab.model import OFFLINE
 from bench.scenarios.whatif.model import (
     WHATIF_CONTEXT,
     WHATIF_HARDWARE,
@@ -27,6 +28,7 @@ from bench.scenarios.whatif.model import (
     WhatIfOptions,
     WhatIfResult,
 )
+from controller.cli.serve import cpu_lab_defaults
 from controller.config import RoutingSettings
 from controller.replay.schedule import Slice, select
 from controller.replay.trace import TraceRequest, load_trace
@@ -55,6 +57,23 @@ def speed_run(o: WhatIfOptions, requests: list[TraceRequest]) -> SpeedRun:
                     res.events, s["ttft_ms"]["p50"] or math.nan, res.attained)
 
 
+def lab_spec(rate_scale: float = 1.0) -> RunSpec:
+    """The real CPU lab as ``pdctl lab`` runs it (``cpu_lab_defaults``), discrete-event."""
+    lab = cpu_lab_defaults(Path("."))
+    shape = EngineShape(profiles.model(lab["model"]["name"]),
+                        profiles.hardware(lab["hardware"]["accelerator"]),
+                        profiles.link(lab["hardware"]["kv_link"]))
+    return RunSpec(shape, RoutingSettings(**lab["routing"]), Goals(TTFT_MS, GAP_MS),
+                   rate_scale=rate_scale)
+
+
+def lab_fleet_config(model_dir: Path) -> dict[str, Any]:
+    cfg = cpu_lab_defaults(model_dir.resolve())
+    cfg["backend"] = "vllm"
+    cfg["prometheus"] = {"enabled": False}
+    return cfg
+
+
 def whatif_fleet_config(o: WhatIfOptions) -> dict[str, Any]:
     return {"backend": "sim",
             "model": {"name": WHATIF_MODEL, "max_model_len": WHATIF_CONTEXT},
@@ -72,12 +91,15 @@ def replay_live(workdir: Path, config: dict[str, Any], replay_args: list[str],
     controller's last ``records`` request records, and the replay's wall seconds."""
     pools = config["pools"]
     want = {r: pools[r]["size"] for r in ("prefill", "decode") if pools[r]["size"]}
+    real = config.get("backend") == "vllm"  # engines that load for minutes, offline
     with ProcessFleet(workdir) as fleet:
         try:
             ctl = start_controller(workdir, config, name="pdctl", fleet=fleet,
-                                   log_level="warning", wait="up", timeout_s=60)
+                                   log_level="warning", wait="up", timeout_s=60,
+                                   env=OFFLINE if real else None)
             wait_until("the fleet",
-                       lambda: {r: n for r, n in ctl.ready().items() if n} == want, 240, fleet)
+                       lambda: {r: n for r, n in ctl.ready().items() if n} == want,
+                       900 if real else 240, fleet)
             out = workdir / "replay.json"
             argv = [sys.executable, "-m", "controller.cli", "replay", *replay_args,
                     "--controller", ctl.url, "--json", str(out)]
@@ -96,9 +118,11 @@ def live_records(o: WhatIfOptions, workdir: Path, res: WhatIfResult) -> list[dic
     args = [str(o.trace), "--start-s", f"{o.fidelity_start_s:g}", "--limit",
             str(o.fidelity_requests), "--time-scale", f"{o.time_scale:g}", "--rate-scale",
             f"{o.fidelity_rate_scale:g}"]
+    config = (whatif_fleet_config(o) if o.lab_model_dir is None
+              else lab_fleet_config(o.lab_model_dir))
     _, rows, res.live_wall_s = replay_live(
-        workdir, whatif_fleet_config(o), args,
-        max(600.0, 30 * o.fidelity_requests * o.time_scale), o.fidelity_requests)
+        workdir, config, args, max(600.0, 30 * o.fidelity_requests * o.time_scale),
+        o.fidelity_requests)
     return [r for r in rows if r.get("status") == "ok"]
 
 
@@ -128,7 +152,9 @@ def run_whatif(o: WhatIfOptions) -> WhatIfResult:
     sl = Slice(o.fidelity_start_s, o.fidelity_requests, rate_scale=o.fidelity_rate_scale)
     chosen = select(trace, sl)
     layout = Layout(o.fidelity_decode, 1, o.fidelity_prefill, 1)
-    des = simulate(chosen, layout, whatif_spec(o.fidelity_rate_scale))
+    spec = (whatif_spec(o.fidelity_rate_scale) if o.lab_model_dir is None
+            else lab_spec(o.fidelity_rate_scale))
+    des = simulate(chosen, layout, spec)
     res.des_wall_s = des.wall_s
     with tempfile.TemporaryDirectory(prefix="bench-whatif-") as tmp:
         try:

@@ -15,6 +15,14 @@ def _pct(v: float) -> str:
     return "-" if math.isnan(v) else f"{v:+.0%}"
 
 
+def live_side(r: WhatIfResult) -> str:
+    o = r.options
+    if o.lab_model_dir is not None:
+        return "the real CPU lab (vLLM, KV over NIXL) through the real controller"
+    return (f"the live simulated fleet through the real controller (sim.time_scale "
+            f"{o.time_scale:g})")
+
+
 def whatif_report(r: WhatIfResult) -> str:
     o, s = r.options, r.speed
     lines = [
@@ -31,9 +39,8 @@ def whatif_report(r: WhatIfResult) -> str:
     lines += [
         "",
         f"Fidelity: {r.fidelity_requests} requests from {o.fidelity_start_s:g} s, "
-        f"{o.fidelity_prefill} prefill + {o.fidelity_decode} decode (TP1), the live "
-        f"simulated fleet through the real controller (sim.time_scale {o.time_scale:g}, "
-        f"{r.live_wall_s:.0f} s; {r.live_failed} failed) against the discrete-event run "
+        f"{o.fidelity_prefill} prefill + {o.fidelity_decode} decode (TP1), {live_side(r)} "
+        f"({r.live_wall_s:.0f} s; {r.live_failed} failed) against the discrete-event run "
         f"({r.des_wall_s:.2f} s). Modelled ms:",
         "",
         "| part | live p50 | DES p50 | error | live p90 | DES p90 | error |",
