@@ -55,13 +55,14 @@ def proposed_layout(st: AppState, body: WhatIfPools) -> tuple[Layout, Layout]:
         target = st.fleet.desired.check(role, choice.size, choice.tp)[role]
         wanted[role] = (target.size, target.tp)
     policy = st.table.settings.disagg_policy
+    push = all(st.fleet.targets[r].kv_mode == "push" for r in Role)  # both pools push
 
     def layout(pools: dict[Role, tuple[int, int]], what: str) -> Layout:
         (p, ptp), (d, dtp) = pools[Role.PREFILL], pools[Role.DECODE]
         if d < 1:
             raise InvalidChange(f"{what}: no decode instance: nothing would serve",
                                 "decode.size")
-        return Layout(d, dtp, p, ptp, policy)
+        return Layout(d, dtp, p, ptp, policy, "push" if push else "pull")
 
     return layout(now, "the pools now"), layout(wanted, "the proposal")
 

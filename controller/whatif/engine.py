@@ -68,6 +68,9 @@ class Hop:
     first_at: float | None = None
     last_at: float = 0.0
     kv_s: float | None = None  # the KV transfer, for a decode hop with remote KV
+    push: bool = False  # the prefill writes the KV once this hop registered its blocks
+    registered: bool = False  # push: its blocks are allocated and offered to the prefill
+    writing: bool = False  # push: the write started
     kv_bytes: int = 0
     gaps: list[float] | None = None  # inter-token gaps, when asked for (a list to fill)
     finished_at: float = 0.0
@@ -142,7 +145,12 @@ class DesEngine:
         sched, now = self.scheduler, self.events.now
         plan = sched.schedule()
         for seq in plan.kv_loads:
-            self._pull(seq, now)
+            hop = self._hops[seq.seq_id]
+            if hop.push:
+                hop.registered = True
+                self._write(hop, now)
+            else:
+                self._pull(seq, now)
         inst = self.instance
         inst.running, inst.waiting = len(sched.running), len(sched.waiting)
         if plan.empty:
@@ -252,6 +260,22 @@ class DesEngine:
         self.events.at(ends[done], self._complete, step)
 
     # ---- KV from a prefill engine ----------------------------------------------------------
+
+    def prefilled(self, seq_id: str) -> None:
+        """Push: the prefill of the hop ``seq_id`` finished (its KV is held under the
+        request's id): the write starts if the hop registered its blocks."""
+        hop = self._hops.get(seq_id)
+        if hop is not None:
+            self._write(hop, self.events.now)
+
+    def _write(self, hop: Hop, now: float) -> None:
+        """Push: the prefill writes once both its KV and the registration are there; the
+        write takes what a pull of the same blocks takes (the link's time for their bytes)."""
+        assert hop.source is not None
+        source, handle_id = hop.source
+        if hop.registered and not hop.writing and handle_id in source.scheduler.handles:
+            hop.writing = True
+            self._pull(hop.seq, now)
 
     def _pull(self, seq: Seq, now: float) -> None:
         hop = self._hops[seq.seq_id]

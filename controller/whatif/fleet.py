@@ -229,15 +229,20 @@ class DesFleet:
         ctx.cached_predicted = self._cached(ctx, slot)
         seq = Seq(ctx.rid, ctx.prompt_tokens, 1, hold_kv=True, block_hashes=r.hashes)
         r.prefill = Hop(seq, self, tag=r)
-        self.engines[slot.instance.id].submit(r.prefill)
+        prefill = self.engines[slot.instance.id]
+        prefill.submit(r.prefill)
+        if self.layout.kv_mode == "push":  # both hops at once
+            self._hop(r, ctx.decode_lease, (prefill, ctx.rid), push=True)
 
-    def _hop(self, r: Req, lease: Lease | None, source: tuple[DesEngine, str] | None) -> None:
-        """The decode hop (colocated, or carrying the prefill's KV handle)."""
+    def _hop(self, r: Req, lease: Lease | None, source: tuple[DesEngine, str] | None,
+             push: bool = False) -> None:
+        """The decode hop (colocated, or carrying the prefill's KV handle; with ``push``,
+        sent beside the prefill hop)."""
         assert lease is not None
         f = r.fitted
         seq = Seq(r.ctx.rid, f.prompt_tokens, f.max_tokens, remote_kv=source is not None,
                   block_hashes=r.hashes)
-        r.decode = Hop(seq, self, source=source, gaps=[], tag=r)
+        r.decode = Hop(seq, self, source=source, gaps=[], tag=r, push=push)
         self.engines[lease.instance.id].submit(r.decode)
 
     def _cached(self, ctx: Ctx, lease: Lease) -> int:
@@ -297,8 +302,12 @@ class DesFleet:
         if hop is r.prefill:
             assert r.prefill_lease is not None
             r.prefill_lease.release()
-            source = (self.engines[r.prefill_lease.instance.id], r.ctx.rid)
-            self._hop(r, r.ctx.decode_lease, source)
+            if r.decode is not None and r.decode.push:  # it waits for this KV
+                assert r.ctx.decode_lease is not None
+                self.engines[r.ctx.decode_lease.instance.id].prefilled(r.ctx.rid)
+            else:
+                source = (self.engines[r.prefill_lease.instance.id], r.ctx.rid)
+                self._hop(r, r.ctx.decode_lease, source)
             self._wake()
             return
         assert r.ctx.decode_lease is not None

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.router.handoff import DisaggPolicy
+from pdctl_api.schema.cluster import KvMode
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,8 @@ class Layout:
     prefill_count: int = 0
     prefill_tp: int = 1
     disagg_policy: DisaggPolicy = "threshold"
+    kv_mode: KvMode = "pull"  # how the KV moves: the decode engine pulls it, or both hops at
+    # once and the prefill engine pushes it (NixlPushConnector)
 
     def __post_init__(self) -> None:
         if self.decode_count < 1:
@@ -36,12 +39,14 @@ class Layout:
     def label(self) -> str:
         if not self.disaggregated:
             return f"colocated {self.decode_count}xTP{self.decode_tp}"
+        push = ", KV push" if self.kv_mode == "push" else ""
         return (f"{self.prefill_count}xTP{self.prefill_tp} prefill + "
-                f"{self.decode_count}xTP{self.decode_tp} decode ({self.disagg_policy})")
+                f"{self.decode_count}xTP{self.decode_tp} decode ({self.disagg_policy}{push})")
 
     def as_dict(self) -> dict[str, Any]:
         return {"prefill": {"count": self.prefill_count,
                             "tp": self.prefill_tp if self.disaggregated else None},
                 "decode": {"count": self.decode_count, "tp": self.decode_tp},
                 "disagg_policy": self.disagg_policy if self.disaggregated else None,
+                "kv_mode": self.kv_mode if self.disaggregated else None,
                 "accelerators": self.accelerators}

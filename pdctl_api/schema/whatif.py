@@ -49,6 +49,8 @@ class LayoutPublic(Public):
     prefill: LayoutPool
     decode: LayoutPool
     disagg_policy: str | None = None
+    kv_mode: str | None = Field(None, description="pull or push (both pools push); None "
+                                                  "colocated")
 
 
 class ForecastPublic(Public):

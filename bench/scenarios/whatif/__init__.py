@@ -59,14 +59,21 @@ class WhatIfScenario(Scenario[WhatIfOptions, WhatIfResult], name="whatif",
                         help="fidelity against the real CPU lab (vLLM, 1 prefill + 1 decode "
                              "over NIXL, the model pdctl make-model wrote to MODEL_DIR) "
                              "instead of the simulated fleet")
+        ap.add_argument("--kv-mode", choices=("pull", "push"), dest="kv_mode",
+                        help="the KV hand-off of the fidelity run, live and discrete-event "
+                             "(default pull; the simulated fleet only)")
         ap.add_argument("--quick", action="store_true", help="5 minutes; 40 requests live")
 
     def options(self, args: argparse.Namespace) -> WhatIfOptions:
         o = WhatIfOptions.defaults(args.quick)
         take_given(o, args, ("speed_minutes", "fidelity_requests", "fidelity_start_s",
-                             "fidelity_rate_scale", "time_scale", "trace", "lab_model_dir"))
+                             "fidelity_rate_scale", "time_scale", "trace", "lab_model_dir",
+                             "kv_mode"))
         o.skip_fidelity = args.skip_fidelity
         if o.lab_model_dir is not None:  # the lab's pools, in real time
+            if o.kv_mode != "pull":
+                raise SystemExit("bench whatif: --lab takes no --kv-mode push: the CPU lab "
+                                 "refuses push (vllm.push_on_cpu)")
             o.fidelity_prefill = o.fidelity_decode = 1
             o.time_scale = 1.0
         return o

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.scenarios.cache.model import TRACE
+from pdctl_api.schema.cluster import KvMode
 
 WHATIF_MODEL = "llama-3.1-8b"
 WHATIF_CONTEXT = 32768  # Mooncake's prompts average 12k tokens; most fit whole
@@ -32,6 +33,7 @@ class WhatIfOptions:
     # the real CPU lab (vLLM, this generated model) instead of the simulated fleet: 1 + 1 TP1,
     # lab-tiny on cpu-lab over host memory, as ``pdctl lab`` runs it
     lab_model_dir: Path | None = None
+    kv_mode: KvMode = "pull"  # the hand-off of both sides: pull, or push (NixlPushConnector)
 
     @classmethod
     def defaults(cls, quick: bool) -> WhatIfOptions:

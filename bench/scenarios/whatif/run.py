@@ -78,8 +78,8 @@ def whatif_fleet_config(o: WhatIfOptions) -> dict[str, Any]:
     return {"backend": "sim",
             "model": {"name": WHATIF_MODEL, "max_model_len": WHATIF_CONTEXT},
             "hardware": {"accelerator": WHATIF_HARDWARE, "kv_link": WHATIF_LINK},
-            "pools": {"prefill": {"size": o.fidelity_prefill, "tp": 1},
-                      "decode": {"size": o.fidelity_decode, "tp": 1}},
+            "pools": {"prefill": {"size": o.fidelity_prefill, "tp": 1, "kv_mode": o.kv_mode},
+                      "decode": {"size": o.fidelity_decode, "tp": 1, "kv_mode": o.kv_mode}},
             "sim": {"time_scale": o.time_scale}}
 
 
@@ -151,7 +151,7 @@ def run_whatif(o: WhatIfOptions) -> WhatIfResult:
         return res
     sl = Slice(o.fidelity_start_s, o.fidelity_requests, rate_scale=o.fidelity_rate_scale)
     chosen = select(trace, sl)
-    layout = Layout(o.fidelity_decode, 1, o.fidelity_prefill, 1)
+    layout = Layout(o.fidelity_decode, 1, o.fidelity_prefill, 1, kv_mode=o.kv_mode)
     spec = (whatif_spec(o.fidelity_rate_scale) if o.lab_model_dir is None
             else lab_spec(o.fidelity_rate_scale))
     des = simulate(chosen, layout, spec)

@@ -19,8 +19,9 @@ def live_side(r: WhatIfResult) -> str:
     o = r.options
     if o.lab_model_dir is not None:
         return "the real CPU lab (vLLM, KV over NIXL) through the real controller"
+    push = ", KV push" if o.kv_mode == "push" else ""
     return (f"the live simulated fleet through the real controller (sim.time_scale "
-            f"{o.time_scale:g})")
+            f"{o.time_scale:g}{push})")
 
 
 def whatif_report(r: WhatIfResult) -> str:

@@ -9,6 +9,7 @@ import pytest
 
 from controller.config import RoutingSettings
 from controller.engines.sim.cost import step_duration
+from controller.replay.trace import TraceRequest
 from controller.whatif.events import EventQueue
 from controller.whatif.fleet import Goals
 from controller.whatif.layout import Layout
@@ -164,3 +165,27 @@ def test_the_rate_scale_divides_the_trace_s_times() -> None:
     rows = simulate(reqs, Layout(1, 1), faster).served.rows
     assert [r.due_s for r in rows] == [0.0, 2.0, 4.0]
     assert [r.trace_s for r in rows] == [0.0, 4.0, 8.0]  # the trace's own times
+
+
+def test_push_writes_what_pull_reads_and_skips_the_decode_engines_step() -> None:
+    """Push (both hops at once, the prefill writes into blocks the decode hop registered):
+    alone, the request's TTFT and bytes are pull's -- the same prefill, the same transfer on
+    the link; while the decode engine runs a long decode, a pulled request waits for the step
+    in progress before its transfer starts, a pushed one's blocks were registered on arrival
+    and the write starts when the prefill ends."""
+    routing = RoutingSettings(disagg_min_prompt_tokens=256)
+    alone = requests([0.0], 4000, 4)
+    pull = simulate(alone, Layout(1, 1, 1, 1), spec(routing))
+    push = simulate(alone, Layout(1, 1, 1, 1, kv_mode="push"), spec(routing))
+    [a], [b] = pull.served.records, push.served.records
+    assert b.prefill_instance == "prefill-0" and b.kv_bytes == a.kv_bytes > 0
+    assert b.ttft_ms == pytest.approx(a.ttft_ms, abs=1e-6)
+    # a colocated 200-token answer keeps the decode engine stepping; then a long prompt
+    busy = [TraceRequest(1, 0.0, 100, 200, (5000,)),
+            TraceRequest(2, 0.01, 4000, 4, tuple(range(6000, 6008)))]
+    pull = simulate(busy, Layout(1, 1, 1, 1), spec(routing), fast=False)
+    push = simulate(busy, Layout(1, 1, 1, 1, kv_mode="push"), spec(routing), fast=False)
+    [a], [b] = ([r for r in res.served.records if r.id == "r1"] for res in (pull, push))
+    assert a.prefill_instance == b.prefill_instance == "prefill-0"
+    assert b.ttft_ms < a.ttft_ms
+    assert Layout(1, 1, 1, 1, kv_mode="push").label.endswith("(threshold, KV push)")
