@@ -183,17 +183,22 @@ def test_the_look_ahead_previews_the_proposal_on_the_recorded_traffic(
     assert not plan.applied and st.fleet.targets[Role.PREFILL].size == 1  # advisory
 
 
-def test_the_look_ahead_says_why_it_did_not_run(app_state: Fixture,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_look_ahead_and_tp_advice_say_why_they_did_not_run(
+        app_state: Fixture, monkeypatch: pytest.MonkeyPatch) -> None:
     tc, st = app_state
     tc.patch("/api/v1/planner", json={"mode": "advisory", "interval_s": 10.0})
     monkeypatch.setattr(st.settings.planner, "lookahead", True)
+    monkeypatch.setattr(st.settings.planner, "tp_advice", True)
     monkeypatch.setattr(st.settings.planner, "lookahead_window_s", 0.001)
     busy(st, 200, 10.0)
     plan = asyncio.run(st.planner.tick())
     assert any(r.startswith("look-ahead:") and r.endswith("too few: not run")
                for r in plan.reasons), plan.reasons
+    assert any(r.startswith("TP: ") and r.endswith("too few: no advice")
+               for r in plan.reasons), plan.reasons
+    assert plan.tp_advice is None
     monkeypatch.setattr(st.settings.hardware, "kv_link", "carrier-pigeon")
     busy(st, 200, 10.0)
     plan = asyncio.run(st.planner.tick())
     assert "look-ahead: no profile for carrier-pigeon: not run" in plan.reasons
+    assert "TP: no profile for carrier-pigeon: no advice" in plan.reasons

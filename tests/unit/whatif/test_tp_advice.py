@@ -6,7 +6,6 @@ the planner's pass and the API (recommended, never applied)."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from starlette.testclient import TestClient
@@ -88,17 +87,3 @@ def test_the_planner_recommends_a_tp_and_never_applies_it(
     assert plan.applied  # apply mode: the sizes, and only the sizes
     assert {r: st.fleet.targets[r].tp for r in Role} == {Role.PREFILL: 4, Role.DECODE: 2}
     assert st.fleet.targets[Role.PREFILL].size == plan.recommended["prefill"]
-
-
-def test_the_tp_advice_says_why_it_did_not_run(app_state: tuple[TestClient, AppState],
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    tc, st = app_state
-    tc.patch("/api/v1/planner", json={"mode": "advisory", "interval_s": 10.0})
-    monkeypatch.setattr(st.settings.planner, "tp_advice", True)
-    monkeypatch.setattr(st.settings.planner, "lookahead_window_s", 0.001)
-    busy(st, 50, 10.0)
-    st.planner.begin_interval(time.time() - 10.0)
-    plan = asyncio.run(st.planner.tick())
-    assert any(r.startswith("TP: ") and r.endswith("too few: no advice")
-               for r in plan.reasons), plan.reasons
-    assert plan.tp_advice is None
