@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from controller.models import Role
 from controller.planner.decide import Pools
 from controller.replay.trace import TraceRequest
+from controller.whatif.fleet import Goals
 from controller.whatif.layout import Layout
 from controller.whatif.run import RunSpec, simulate
 
@@ -51,9 +52,10 @@ def advise_tp(recent: list[TraceRequest], pools: Pools, counts: tuple[int, int],
     p, d = counts
     tps = {Role.PREFILL: pools.prefill_tp, Role.DECODE: pools.decode_tp}
     now = {Role.PREFILL: p, Role.DECODE: d}
-    trials: list[TpTrial] = []
-
-    done: dict[tuple[Role, int, int], TpTrial] = {}
+    # the TTFT target alone (a run's ``attained`` counts the gap target too)
+    ttft_only = RunSpec(spec.shape, spec.routing, Goals(ttft, math.inf), spec.context,
+                        spec.rate_scale)
+    done: dict[tuple[Role, int, int], TpTrial] = {}  # every trial, in the order played
 
     def trial(role: Role, tp: int, count: int) -> TpTrial:
         if (role, tp, count) in done:
@@ -63,12 +65,8 @@ def advise_tp(recent: list[TraceRequest], pools: Pools, counts: tuple[int, int],
         layout = Layout(layout_n[Role.DECODE], layout_tp[Role.DECODE],
                         layout_n[Role.PREFILL], layout_tp[Role.PREFILL],
                         spec.routing.disagg_policy)
-        run = simulate(recent, layout, spec)
-        rows = run.served.rows
-        share = (sum(1 for r in rows if r.ttft_ms is not None and r.ttft_ms <= ttft)
-                 / len(rows)) if rows else 0.0
+        share = simulate(recent, layout, ttft_only).attained
         done[(role, tp, count)] = t = TpTrial(role.value, tp, count, layout.accelerators, share)
-        trials.append(t)
         return t
 
     base = trial(Role.DECODE, tps[Role.DECODE], d)
@@ -91,7 +89,7 @@ def advise_tp(recent: list[TraceRequest], pools: Pools, counts: tuple[int, int],
     n_out = {r.value: now[r] for r in Role}
     if not candidates:
         reasons.append("TP: no other TP of either pool does better on this traffic")
-        return TpAdvice(None, tp_out, n_out, tuple(trials), tuple(reasons))
+        return TpAdvice(None, tp_out, n_out, tuple(done.values()), tuple(reasons))
     best = min(candidates, key=lambda t: (0, t.accelerators, -t.share) if t.share >= goal
                else (1, -t.share, t.accelerators))
     tp_out[best.role], n_out[best.role] = best.tp, best.count
@@ -99,7 +97,7 @@ def advise_tp(recent: list[TraceRequest], pools: Pools, counts: tuple[int, int],
                    f"within target on {best.accelerators} accelerators (now TP"
                    f"{tps[Role(best.role)]}: {base.share:.1%} on {base.accelerators}); "
                    "review and confirm it -- the planner never changes a TP itself")
-    return TpAdvice(best.role, tp_out, n_out, tuple(trials), tuple(reasons))
+    return TpAdvice(best.role, tp_out, n_out, tuple(done.values()), tuple(reasons))
 
 
 def _worth(t: TpTrial, peer: TpTrial, base: TpTrial, goal: float, gain: float) -> bool:
