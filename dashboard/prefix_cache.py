@@ -43,9 +43,9 @@ def cache_cards(c: CachePublic) -> tuple[Card, ...]:
     reported = "not reported" if c.hit_rate is None else fmt_share(c.hit_rate)
     predicted = ("no prediction" if c.predicted_hit_rate is None
                  else f"predicted {fmt_share(c.predicted_hit_rate)}")
-    moved = c.decode_kv_bytes_moved
-    shared = c.decode_kv_bytes_saved + moved
-    saved_share = f" ({c.decode_kv_bytes_saved / shared:.0%} of the prompts' KV)" if shared else ""
+    moved, saved = c.decode_kv_bytes_moved, c.decode_kv_bytes_saved
+    shared = (saved or 0) + (moved or 0)
+    saved_share = f" ({(saved or 0) / shared:.0%} of the prompts' KV)" if shared else ""
     source = "reported" if c.reported_tokens is not None else "predicted"
     return (
         Card("Prefix cache hit rate", reported, predicted,

@@ -25,7 +25,7 @@ from controller.api.gate import ControlGate
 from controller.api.state import AppState
 from controller.api.views import health_view, readiness_view
 from controller.config import Settings
-from controller.errors import InvalidChange, PdctlError
+from controller.errors import ConfigError, InvalidChange, PdctlError
 from controller.fleet import build_fleet
 from controller.fleet.collector import FleetCollector
 from controller.launchers.base import EngineKind, Launcher
@@ -70,6 +70,10 @@ def make_launcher(settings: Settings) -> Launcher:
 
 
 def build_state(settings: Settings, launcher: Launcher | None = None) -> AppState:
+    if not settings.model.public_name:
+        raise ConfigError("backend external: the engines' model is not known yet "
+                          "(controller.launchers.external_model.resolve), and none is named "
+                          "(model.served_name)")
     state_dir = settings.controller.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
     store = Store(state_dir / "state.db")
@@ -122,7 +126,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     st: AppState = app.state.pdctl
     st.store.record("controller", "controller.start", "controller", None,
                     {"backend": st.settings.backend, "launcher": st.settings.launcher,
-                     "model": st.settings.model.name})
+                     "model": st.settings.model.public_name})
     for event in await st.fleet.recover():
         log.warning("%s: %s", event["target"], event["detail"])
     sd_file = prometheus.targets_path(st.settings.controller.state_dir)

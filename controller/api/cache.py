@@ -44,9 +44,10 @@ def cache_view(st: AppState, window_s: float, step_s: float, end: float | None) 
     hub = registry.kv
     states = hub.states([i.id for i in registry.serving()]) if hub is not None else []
     s = st.settings
-    model, block = s.model_profile, s.kv_block_size
+    model, block = s.known_profile, s.kv_block_size
     routing = st.table.settings
     return CachePublic.model_validate(cache_report(
         records, states, roles,
         {Role.PREFILL: routing.prefill_policy, Role.DECODE: routing.decode_policy},
-        lambda tokens: profiles.kv_bytes(model, tokens, block), window_s, step_s, start, now))
+        None if model is None else lambda tokens: profiles.kv_bytes(model, tokens, block),
+        window_s, step_s, start, now))

@@ -34,7 +34,7 @@ from controller.api.views import (
     stats_view,
     timeseries_view,
 )
-from controller.errors import InvalidChange, NotFound
+from controller.errors import InvalidChange, NotFound, Unpredictable
 from controller.models import InstanceState, RequestRecord, Role
 from controller.sizing import advisor
 from pdctl_api import profiles
@@ -242,16 +242,21 @@ async def get_timeseries(st: State,
     return timeseries_view(st, window_s, step_s, end)
 
 
-@control_routes.get("/advisor", response_model=AdvisorPublic)
+@control_routes.get("/advisor", response_model=AdvisorPublic, responses={409: {
+    "model": ErrorPublic, "description": "the model's architecture is unknown"}})
 async def get_advisor(st: State, window_s: Annotated[float, Query(gt=0, le=86_400)] = 600.0,
                       end: Annotated[float | None, Query(gt=0, le=1e11, description=(
                           "the window's end, unix seconds (default: now): the advice is from "
                           "the requests that started in [end - window_s, end)"))] = None
                       ) -> AdvisorPublic:
     s, targets = st.settings, st.fleet.targets
+    model = s.known_profile
+    if model is None:
+        raise Unpredictable(f"model {s.model.public_name!r}: its architecture is unknown (no "
+                            "profile in model.name, no model.path), so its roofline is too")
     decode = st.table.ready(Role.DECODE)
     batch = sum(i.running for i in decode) / len(decode) if decode else None
-    advice = advisor.advise(s.model_profile, s.hardware.profile,
+    advice = advisor.advise(model, s.hardware.profile,
                             profiles.link(s.hardware.kv_link), targets[Role.PREFILL].tp,
                             targets[Role.DECODE].tp, window_records(st, window_s, end), batch,
                             st.table.settings.transfer_alert_share)

@@ -227,7 +227,6 @@ class DataPlane:
 @data_routes.get("/v1/models", name="models")  # the OpenAPI operation keeps its id
 async def list_models(request: Request) -> dict[str, Any]:
     s = app_state(request).settings
-    m = s.model_profile
     return {"object": "list", "data": [{
         "id": s.model.public_name, "object": "model", "created": 0, "owned_by": "pdctl",
-        "root": s.model.name, "max_model_len": m.max_model_len}]}
+        "root": s.model.profile_name, "max_model_len": s.served_context}]}

@@ -53,9 +53,10 @@ def utilization_view(st: AppState, window_s: float, step_s: float, end: float | 
     seen.update({i.id: Seen(i.role, i.tp, i.state.value) for i in st.fleet.registry})
     s = st.settings
     itl_ms = st.planner.live.itl_ms
+    name, accel = s.model.profile_name, s.hardware.accelerator
     capacity = profile_capacities(
-        lambda tp: st.planner.index.find(s.backend, s.model.name, s.hardware.accelerator, tp),
-        lambda tp: profile_key(s.backend, s.model.name, s.hardware.accelerator, tp), itl_ms,
+        lambda tp: st.planner.index.find(s.backend, name, accel, tp),
+        lambda tp: profile_key(s.backend, name, accel, tp), itl_ms,
         "backend external: the controller runs no engine there, so no profile applies"
         if s.backend == "external" else None)
     return UtilizationPublic.model_validate(utilization_json(

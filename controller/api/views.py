@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 
 from controller.api.state import AppState
+from controller.config import Settings
 from controller.fleet.reconcile import Action, Drain, Start
 from controller.models import Instance, RequestRecord, Role
 from controller.obs.handoff_report import handoff_report
@@ -119,20 +120,29 @@ def pool_notes(st: AppState, role: Role, tp: int) -> list[str]:
     c = st.requests.columns(600.0)
     ok = c.select(c.ok)
     contexts = ok.col("prompt_tokens") + ok.col("output_tokens")
-    m = profiles.model(s.model.name) if s.backend == "sim" else s.model_profile
+    m = profiles.model(s.model.profile_name) if s.backend == "sim" else s.model_profile
     fit = kvfit.fit(m, s.hardware.profile, tp, contexts,
                     advisor.DEFAULT_ISL + advisor.DEFAULT_OSL)
     return [fit.note()]
 
 
+def model_view(s: Settings) -> ModelPublic:
+    """The served model, with its numbers where known."""
+    m = s.known_profile
+    name, served = s.model.profile_name, s.model.public_name
+    if m is None:
+        return ModelPublic(name=name, served_name=served, params=None, layers=None,
+                           heads=None, kv_heads=None, head_dim=None, kv_bytes_per_token=None)
+    return ModelPublic(name=name, served_name=served, params=m.params, layers=m.layers,
+                       heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim,
+                       kv_bytes_per_token=m.kv_bytes_per_token)
+
+
 def cluster_view(st: AppState) -> ClusterPublic:
     s, f = st.settings, st.fleet
-    m = s.model_profile
     per_node, nodes, _ = f.capacity()  # a Ray cluster's nodes, read live, or the config's
     return ClusterPublic(
-        model=ModelPublic(name=s.model.name, served_name=s.model.public_name, params=m.params,
-                          layers=m.layers, heads=m.heads, kv_heads=m.kv_heads,
-                          head_dim=m.head_dim, kv_bytes_per_token=m.kv_bytes_per_token),
+        model=model_view(s),
         backend=s.backend,
         hardware=HardwarePublic(accelerator=s.hardware.accelerator,
                                 accelerators_per_node=per_node, nodes=nodes,

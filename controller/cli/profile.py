@@ -97,7 +97,7 @@ def kv_capacity(settings: Settings, tp: int) -> int | None:
     """KV cache tokens one engine of this configuration holds."""
     m, hw = settings.model_profile, settings.hardware.profile
     if settings.backend == "sim":
-        return profiles.kv_capacity_tokens(profiles.model(settings.model.name), hw, tp)
+        return profiles.kv_capacity_tokens(profiles.model(settings.model.profile_name), hw, tp)
     if settings.hardware.is_cpu:
         return int(settings.vllm.cpu_kv_cache_gib * profiles.GIB // m.kv_bytes_per_token)
     return profiles.kv_capacity_tokens(m, hw, tp, settings.vllm.gpu_memory_utilization)
@@ -139,7 +139,7 @@ async def wait_healthy(url: str, launcher: ProcessLauncher, launched: Launched,
 
 async def _profile_engine(settings: Settings, args: argparse.Namespace) -> Path:
     tp = args.tp
-    backend, name = settings.backend, settings.model.name
+    backend, name = settings.backend, settings.model.profile_name
     accel = settings.hardware.accelerator
     scale = settings.time_scale
     plan = sweep_plan(settings, args, tp)
@@ -184,7 +184,7 @@ def run_profile(args: argparse.Namespace) -> int:
         return 2
     if settings.backend == "sim":
         fit = profiles.fit_problem(
-            profiles.with_context(profiles.model(settings.model.name),
+            profiles.with_context(profiles.model(settings.model.profile_name),
                                   settings.model.max_model_len),
             settings.hardware.profile, args.tp)
         if fit:

@@ -22,6 +22,7 @@ from controller.cli.args import SubParsers
 from controller.cli.make_model import is_model_dir, make_model
 from controller.config import Settings, deep_merge, load_settings
 from controller.errors import ConfigError, InvalidChange
+from controller.launchers import external_model
 from controller.launchers.process import spawn, stop_group
 from controller.models import InstanceState, Role
 from controller.obs import prometheus
@@ -118,6 +119,7 @@ def _serve(settings: Settings, after_start: Any = None) -> int:
     """Serve the controller until SIGINT/SIGTERM; the lifespan stops every instance."""
     raise_fd_limit()
     try:
+        settings = external_model.resolve(settings)  # the model external engines serve
         app = create_app(settings)
     except ConfigError as exc:  # e.g. a Ray cluster that cannot be joined
         print(f"pdctl: {exc}", file=sys.stderr)

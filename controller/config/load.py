@@ -60,7 +60,8 @@ def load_settings(path: Path | None = None, defaults: dict[str, Any] | None = No
     try:
         settings = Settings(**data)
         if overrides:
-            merged = deep_merge(settings.model_dump(), overrides)
+            merged = deep_merge({**settings.model_dump(), "model": settings.model.given},
+                                 overrides)
             settings = Settings.model_validate(merged)
     except ValidationError as exc:
         where = f"config file {path}: " if path else "configuration: "

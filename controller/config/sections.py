@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from pdctl_api import profiles
 from pdctl_api.schema.cluster import InstanceCount, KvMode, TensorParallel
@@ -32,13 +32,19 @@ from pdctl_api.schema.routing import (
 )
 from pdctl_api.schema.targets import ErrorRate, GapP99Ms, TargetsPublic, TtftP95Ms, TtftP99Ms
 
+DEFAULT_MODEL = "llama-3-70b"
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class ModelSettings(Strict):
-    name: str = Field("llama-3-70b", description="model profile (see pdctl_api.profiles)")
+    name: str | None = Field(None, description=(
+        "model profile (see pdctl_api.profiles): its architecture numbers; default "
+        f"{DEFAULT_MODEL} (sim, vllm). External engines: the name they serve (their "
+        "/v1/models) unless given; a name with no profile and no path serves with the "
+        "architecture unknown"))
     served_name: str | None = Field(None, description="name clients use; default: name")
     path: Path | None = Field(None, description="model directory (config.json, tokenizer.json)")
     max_model_len: int | None = Field(None, ge=16, description=(
@@ -46,18 +52,39 @@ class ModelSettings(Strict):
         "default: the model's own (its profile's or config.json's max_position_embeddings); "
         "at most that. Memory is checked for one sequence of this length at every pool's TP"))
 
-    @model_validator(mode="after")
-    def _known(self) -> ModelSettings:
-        if self.path is None and self.name not in profiles.MODELS:
-            raise ValueError(
-                f"unknown model profile {self.name!r} and no path given; "
-                f"known: {', '.join(sorted(profiles.MODELS))}"
-            )
-        return self
+    # The name was not given: the backend's default (``imply``), left out of a re-layering.
+    _implied: bool = PrivateAttr(False)
+
+    def imply(self, name: str) -> None:
+        """Take ``name`` as the model where none was given (engines pdctl runs)."""
+        self.name, self._implied = name, True
+
+    @property
+    def given(self) -> dict[str, Any]:
+        """The section as given: without an implied name (``load_settings`` lays flags over
+        it, and a backend given there implies its own)."""
+        out = self.model_dump()
+        if self._implied:
+            out["name"] = None
+        return out
 
     @property
     def public_name(self) -> str:
-        return self.served_name or self.name
+        """The name clients send in ``model`` ("" only before an external backend learnt
+        its engines' one)."""
+        return self.served_name or self.name or ""
+
+    @property
+    def profile_name(self) -> str:
+        """The name profiles are found by: ``name`` (always set for sim and vllm), else the
+        served name (external engines serving a model pdctl has no profile for)."""
+        return self.name or self.public_name
+
+    @property
+    def has_architecture(self) -> bool:
+        """Whether a profile or the model directory's config.json gives the numbers."""
+        return (self.name in profiles.MODELS
+                or (self.path is not None and (self.path / "config.json").is_file()))
 
 
 class HardwareSettings(Strict):

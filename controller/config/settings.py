@@ -8,7 +8,7 @@ import dataclasses
 import json
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from controller.config import engines, sections
@@ -47,6 +47,23 @@ class Settings(BaseSettings):
     prometheus: sections.PrometheusSettings = Field(
         default_factory=sections.PrometheusSettings, description="pdctl lab only")
 
+    # External engines' own context (the least of their /v1/models max_model_len), learnt at
+    # start (``served_by_engines``).
+    _engines_context: int | None = PrivateAttr(None)
+
+    def served_by_engines(self, model: str, context: int | None) -> Settings:
+        """A copy serving ``model`` under its engines' name, with their context."""
+        out = self.model_copy(deep=True)
+        out.model.served_name = model
+        out._engines_context = context
+        return out
+
+    @property
+    def served_context(self) -> int | None:
+        """The context clients are told (``/v1/models``): ``context_len``, else external
+        engines' own; None where neither is known."""
+        return self.context_len or self._engines_context
+
     @property
     def time_scale(self) -> float:
         """Wall seconds per modelled second: a simulated fleet's ``sim.time_scale``, else 1."""
@@ -63,6 +80,22 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The environment overrides the file (which arrives as init kwargs).
         return (env_settings, init_settings)
+
+    @model_validator(mode="after")
+    def _model_known(self) -> Settings:
+        """Engines pdctl runs need the model's numbers (a profile, or a directory with
+        config.json); external engines may serve any model (``controller.launchers.
+        external_model`` learns its name at start)."""
+        m = self.model
+        if self.backend == "external":
+            return self
+        if m.name is None:
+            m.imply(sections.DEFAULT_MODEL)
+        if not m.has_architecture:
+            raise ValueError(
+                f"model: unknown model profile {m.name!r} and no path given; "
+                f"known: {', '.join(sorted(profiles.MODELS))}")
+        return self
 
     @model_validator(mode="after")
     def _external_urls(self) -> Settings:
@@ -97,7 +130,7 @@ class Settings(BaseSettings):
                 self.vllm.max_model_len = want
         try:
             native = self._native_profile
-        except KeyError:  # no preset and no config.json: vLLM's own check applies
+        except (KeyError, UnknownArchitecture):  # vLLM's (or the engines') own check applies
             return self
         try:
             profiles.with_context(native, self._max_model_len)
@@ -111,7 +144,7 @@ class Settings(BaseSettings):
         """The model at its own context: the simulator runs the preset of this name, vLLM
         the model directory's config.json when there is one."""
         if self.backend == "sim":
-            return profiles.model(self.model.name)
+            return profiles.model(self.model.name or "")
         return model_profile_for(self.model)
 
     @property
@@ -124,9 +157,17 @@ class Settings(BaseSettings):
         return None
 
     @property
+    def known_profile(self) -> profiles.ModelProfile | None:
+        """``model_profile``, or None where the architecture is unknown (external engines
+        serving a model with no profile and no path): KV bytes, capacity and memory checks
+        then say "unknown" rather than guess."""
+        return self.model_profile if self.model.has_architecture else None
+
+    @property
     def model_profile(self) -> profiles.ModelProfile:
         """The model as the engines run it: KV bytes follow the engines' dtype, and
-        ``max_model_len`` is the configured context (``model.max_model_len``) where given."""
+        ``max_model_len`` is the configured context (``model.max_model_len``) where given.
+        Raises ``UnknownArchitecture`` where ``known_profile`` is None."""
         profile = model_profile_for(self.model)
         dtype = self.engine_dtype
         if dtype in DTYPE_BYTES:
@@ -141,7 +182,7 @@ class Settings(BaseSettings):
         if self.backend == "external":
             return None
         if self.backend == "sim":  # the simulator runs the preset of this name
-            return self.model.max_model_len or profiles.model(self.model.name).max_model_len
+            return self.model.max_model_len or profiles.model(self.model.name or "").max_model_len
         return self.model_profile.max_model_len
 
     @property
@@ -173,10 +214,20 @@ class Settings(BaseSettings):
         return CPU_ENGINE_NICE if self.backend == "vllm" and self.hardware.is_cpu else 0
 
 
+class UnknownArchitecture(LookupError):
+    """The model has no profile and no config.json: its architecture numbers are unknown."""
+
+
 def model_profile_for(m: sections.ModelSettings) -> profiles.ModelProfile:
-    """The model's profile: derived from ``path/config.json`` when present, else the preset."""
+    """The model's profile: derived from ``path/config.json`` when present, else the preset;
+    raises ``UnknownArchitecture`` for neither."""
+    name = m.name or m.public_name
     if m.path is not None and (m.path / "config.json").is_file():
-        return profile_from_hf_config(m.name, json.loads((m.path / "config.json").read_text()))
+        return profile_from_hf_config(name, json.loads((m.path / "config.json").read_text()))
+    if m.name not in profiles.MODELS:
+        raise UnknownArchitecture(
+            f"model {name!r}: no profile (pdctl_api.profiles) and no model.path with a "
+            "config.json, so its architecture numbers are unknown")
     return profiles.model(m.name)
 
 

@@ -67,9 +67,18 @@ class Desired:
         hw = settings.hardware
         self.live_capacity = capacity is not None
         self.capacity = capacity or (lambda: (hw.per_node, hw.nodes, hw.share))
-        self.model: profiles.ModelProfile = settings.model_profile
         self.hw: profiles.HardwareProfile = settings.hardware.profile
+        self._model = settings.known_profile
         self.targets = self._initial()
+
+    @property
+    def model(self) -> profiles.ModelProfile:
+        """The model's numbers, for checking a change: managed pools always have them
+        (external ones, whose architecture may be unknown, are never checked)."""
+        if self._model is None:
+            raise InvalidChange(f"model {self.settings.model.public_name!r}: its architecture "
+                                "is unknown, so no change can be checked")
+        return self._model
 
     def _config(self) -> dict[Role, PoolTarget]:
         p = self.settings.pools

@@ -76,11 +76,11 @@ def index_public(s: IndexState) -> dict[str, Any]:
 
 def cache_report(records: Sequence[RequestRecord], states: Iterable[IndexState],
                  roles: dict[str, Role], policies: dict[Role, str],
-                 kv_bytes: Callable[[int], int], window_s: float, step_s: float,
+                 kv_bytes: Callable[[int], int] | None, window_s: float, step_s: float,
                  start: float, now: float) -> dict[str, Any]:
     """``records``: the window's finished requests; ``states``: the index of the serving
     instances; ``roles``: every instance's role (ended ones too); ``kv_bytes``: a prompt
-    length's KV bytes."""
+    length's KV bytes (None: the architecture is unknown, and so are the bytes)."""
     fleet, per = _Sum(), dict[str, _Sum]()
     n_buckets = max(1, round((now - start) / step_s))
     buckets = [_Sum() for _ in range(n_buckets)]
@@ -95,7 +95,7 @@ def cache_report(records: Sequence[RequestRecord], states: Iterable[IndexState],
         k = int((r.started_at - start) // step_s)
         if 0 <= k < n_buckets:
             buckets[k].add(r)
-        if r.decode_cached_tokens_predicted:
+        if r.decode_cached_tokens_predicted and kv_bytes is not None:
             saved_bytes += kv_bytes(r.decode_cached_tokens_predicted)
         moved_bytes += r.kv_bytes
     index = {s.instance: s for s in states}
@@ -112,7 +112,8 @@ def cache_report(records: Sequence[RequestRecord], states: Iterable[IndexState],
         "window_s": window_s, "end": now, "step_s": step_s,
         "prefill_policy": policies[Role.PREFILL], "decode_policy": policies[Role.DECODE],
         **fleet.public(), "tokens_saved": tokens_saved,
-        "decode_kv_bytes_saved": saved_bytes, "decode_kv_bytes_moved": moved_bytes,
+        "decode_kv_bytes_saved": None if kv_bytes is None else saved_bytes,
+        "decode_kv_bytes_moved": None if kv_bytes is None else moved_bytes,
         "warnings": warnings(fleet, index, roles, policies),
         "instances": instances,
         "buckets": [{"t": start + k * step_s, **b.rates()} for k, b in enumerate(buckets)],

@@ -24,7 +24,7 @@ class SimEngineKind(EngineKind):
             "--host", host, "--port", str(port),
             "--role", spec.role.value,
             "--hardware", s.hardware.accelerator,
-            "--model", s.model.name,
+            "--model", s.model.profile_name,
             "--served-model-name", s.model.public_name,
             "--tp", str(spec.tp),
             "--link", s.hardware.kv_link,

@@ -133,12 +133,12 @@ class Planner:
 
     def profile_name(self, role: Role) -> str:
         s = self.settings
-        return profile_key(s.backend, s.model.name, s.hardware.accelerator,
+        return profile_key(s.backend, s.model.profile_name, s.hardware.accelerator,
                            self.fleet.targets[role].tp)
 
     def profiles(self) -> dict[Role, PerfProfile | None]:
         s = self.settings
-        return {r: self.index.find(s.backend, s.model.name, s.hardware.accelerator,
+        return {r: self.index.find(s.backend, s.model.profile_name, s.hardware.accelerator,
                                    self.fleet.targets[r].tp) for r in Role}
 
     def problem(self) -> str | None:

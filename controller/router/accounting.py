@@ -133,7 +133,7 @@ def breakdown(o: Observation) -> Breakdown:
 class KvCosts:
     """What turns a prompt into KV bytes and a modelled transfer time."""
 
-    model: profiles.ModelProfile
+    model: profiles.ModelProfile | None  # None: the architecture is unknown (KV bytes 0)
     block_size: int
     link: profiles.LinkProfile
 
@@ -199,7 +199,8 @@ def account(m: Measured, costs: KvCosts) -> RequestRecord:
     # blocks the decode instance held already (by the index) are not pulled.
     kv_bytes = (profiles.kv_bytes(costs.model, prompt_tokens - (m.decode_cached_predicted or 0),
                                   costs.block_size)
-                if disagg and m.prefill_instance is not None else 0)
+                if disagg and m.prefill_instance is not None and costs.model is not None
+                else 0)
     # The prompt was computed by the prefill engine (disaggregated) or the decode engine.
     if disagg:
         predicted, reported = m.cached_predicted, m.prefill_cached

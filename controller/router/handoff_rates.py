@@ -87,16 +87,20 @@ class HandoffRates:
 
 def handoff_prior(settings: Settings) -> Prior:
     """Costs from the model's roofline on the configured hardware and link (wall time, so a
-    simulated fleet's time scale counts), or plain guesses for hardware no profile describes.
+    simulated fleet's time scale counts), or plain guesses for a model or hardware no profile
+    describes.
     Measurements replace them within a few requests."""
     scale = settings.time_scale
+    model = settings.known_profile
     try:
         hw = profiles.hardware(settings.hardware.accelerator)
         lk = profiles.link(settings.hardware.kv_link)
     except (KeyError, ValueError):
+        model = None
+    if model is None:
         return Prior(prefill_ms_per_token=0.5, local_ms_per_token=0.5,
                      transfer_ms_per_token=0.01)
-    return roofline_prior(settings.model_profile, hw, lk, settings.pools.prefill.tp,
+    return roofline_prior(model, hw, lk, settings.pools.prefill.tp,
                           settings.pools.decode.tp, scale)
 
 

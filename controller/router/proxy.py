@@ -96,7 +96,7 @@ class Proxy(PullHandoff, PushHandoff):
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.table, self.upstream, self.counter = table, upstream, counter
         self.requests, self.metrics, self.clock = requests, metrics, clock
-        self._costs = KvCosts(settings.model_profile, settings.kv_block_size,
+        self._costs = KvCosts(settings.known_profile, settings.kv_block_size,
                               profiles.link(settings.hardware.kv_link))
         self._lease_s = settings.kv.lease_s
         self._late_s = settings.kv.lease_s * settings.kv.late_hop_share

@@ -22,12 +22,12 @@ def live_spec(s: Settings, ttft_ms: float, routing: RoutingSettings | None = Non
     """The run spec of ``s``'s fleet with ``ttft_ms`` as TTFT target and ``routing`` (the
     live routing settings; default the configured ones), or why there is none (a model,
     accelerator or link with no profile)."""
-    names = ((profiles.MODELS, s.model.name), (profiles.HARDWARE, s.hardware.accelerator),
+    names = ((profiles.MODELS, s.model.profile_name), (profiles.HARDWARE, s.hardware.accelerator),
              (profiles.LINKS, s.hardware.kv_link))
     missing = [name for table, name in names if name not in table]
     if missing:
         return f"no profile for {', '.join(missing)}"
-    model = profiles.MODELS[s.model.name]
+    model = profiles.MODELS[s.model.profile_name]
     if s.model.max_model_len:
         model = profiles.with_context(model, min(s.model.max_model_len, model.max_model_len))
     return RunSpec(EngineShape(model, profiles.HARDWARE[s.hardware.accelerator],

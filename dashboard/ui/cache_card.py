@@ -76,6 +76,8 @@ def decode_kv_saved(where: Any) -> None:
     if c is None or not pc.has_cache_data(c):
         return
     moved, saved = c.decode_kv_bytes_moved, c.decode_kv_bytes_saved
+    if moved is None or saved is None:  # the model's architecture is unknown
+        return
     share = f" ({saved / (saved + moved):.0%} of the prompts' KV)" if saved + moved else ""
     where.caption(f"Decode prefix hits: {fmt_bytes(saved)} of KV not pulled, the decode "
                   f"instances held those blocks already (predicted from the KV index){share}; "

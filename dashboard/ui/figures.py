@@ -10,7 +10,11 @@ from typing import Any
 from pdctl_api.schema import StatsPublic
 
 
-def fmt_bytes(n: float) -> str:
+def fmt_bytes(n: float | None) -> str:
+    """Bytes in GB, MB, KB or B; "unknown" for None (a model whose architecture is not
+    known)."""
+    if n is None:
+        return "unknown"
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}"

@@ -214,6 +214,11 @@ def per_request() -> None:
     df = reads.requests_in(rng, SCATTER_LIMIT)  # one read for the page's cards (cached)
     s, cl = reads.range_stats(rng), reads.cluster()
     per_token = cl.model.kv_bytes_per_token
+    if per_token is None:
+        st.caption(f"KV bytes unknown: {cl.model.served_name} has no profile and no model "
+                   "directory, so its architecture numbers are not known (model.name, "
+                   "model.path)")
+        return
     st.caption(f"{upper_first(sampled(df, s.requests, rng))}; dashed: {cl.model.name} at "
                f"{per_token / 1e3:.0f} KB per token (the engine rounds up to whole blocks)")
     top = int(df["prompt_tokens"].max()) if not df.empty else 1

@@ -65,11 +65,12 @@ class CachePublic(CacheTokens):
     decode_policy: str
     tokens_saved: int = Field(description="prompt tokens the engines served from their "
                               "prefix caches (reported; predicted where none is reported)")
-    decode_kv_bytes_saved: int = Field(description="KV bytes decode instances did not pull "
-                                       "because they held those blocks already (predicted "
-                                       "from the index)")
-    decode_kv_bytes_moved: int = Field(description="KV bytes pulled over NIXL, modelled "
-                                       "from the uncached prompt blocks")
+    decode_kv_bytes_saved: int | None = Field(description=(
+        "KV bytes decode instances did not pull because they held those blocks already "
+        "(predicted from the index); null: the model's architecture is unknown"))
+    decode_kv_bytes_moved: int | None = Field(description=(
+        "KV bytes pulled over NIXL, modelled from the uncached prompt blocks; null: the "
+        "model's architecture is unknown"))
     warnings: list[str] = Field(default_factory=list, description=(
         "what an operator should know at a glance: a pool routing by cache whose index is "
         "stale or missing (routed by load), predictions far from what the engines report"))

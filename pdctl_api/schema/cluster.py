@@ -134,14 +134,17 @@ class InstanceLogPublic(Public):
 
 
 class ModelPublic(Public):
+    """The served model; its architecture numbers are null where it is unknown (external
+    engines serving a model with no profile and no model.path)."""
+
     name: str
     served_name: str
-    params: float
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    kv_bytes_per_token: int
+    params: float | None
+    layers: int | None
+    heads: int | None
+    kv_heads: int | None
+    head_dim: int | None
+    kv_bytes_per_token: int | None
 
 
 class HardwarePublic(Public):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from tests.integration.harness import LONG_PROMPT, free_port, start_controller
 
@@ -85,10 +86,11 @@ def test_lab_sim_starts_prints_and_stops_everything(tmp_path: Path) -> None:
             proc.wait()
 
 
-def engine(port: int, role: str) -> subprocess.Popen[bytes]:
+def engine(port: int, role: str, served: str | None = None) -> subprocess.Popen[bytes]:
+    named = ["--served-model-name", served] if served else []
     return subprocess.Popen(
         [sys.executable, "-m", "controller.engines.sim", "--port", str(port), "--role", role,
-         "--tp", "2", "--time-scale", "0.1"], stdout=subprocess.DEVNULL,
+         "--tp", "2", "--time-scale", "0.1", *named], stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
 
 
@@ -118,3 +120,72 @@ def test_external_backend_routes_to_given_urls(tmp_path: Path) -> None:
         for e in engines:
             e.terminate()
             e.wait(timeout=30)
+
+
+def test_external_backend_serves_the_engines_own_model(tmp_path: Path) -> None:
+    """The README's example as written (no model named) in front of engines serving a model
+    pdctl has no profile for: their name is served, their context told, and KV bytes are
+    unknown rather than a default model's; engines that disagree are refused at start."""
+    pp, dp, other = free_port(), free_port(), free_port()
+    name = "acme/chat-8b"
+    engines = [engine(pp, "prefill", name), engine(dp, "decode", name),
+               engine(other, "decode", "acme/other")]
+    ctl = None
+    try:
+        for port in (pp, dp, other):
+            wait_healthy(f"http://127.0.0.1:{port}")
+        refused = subprocess.run(
+            [sys.executable, "-m", "controller.cli", "controller", "--config",
+             write_yaml(tmp_path / "two.yaml", external_config(
+                 tmp_path / "refused", pp, [dp, other])), "--port", str(free_port())],
+            capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2, refused.stderr
+        assert (f"http://127.0.0.1:{dp} serves '{name}'" in refused.stderr
+                and f"http://127.0.0.1:{other} serves 'acme/other'" in refused.stderr)
+        ctl = start_controller(tmp_path, {"backend": "external", "pools": {
+            "prefill": {"urls": [f"http://127.0.0.1:{pp}"]},
+            "decode": {"urls": [f"http://127.0.0.1:{dp}"]}}})
+        models = httpx.get(f"{ctl.url}/v1/models", timeout=10).json()["data"]
+        engine_ctx = httpx.get(f"http://127.0.0.1:{dp}/v1/models").json()["data"][0]
+        assert [(m["id"], m["max_model_len"]) for m in models] == [
+            (name, engine_ctx["max_model_len"])]
+        r = httpx.post(f"{ctl.url}/v1/completions", timeout=30,
+                       json={"model": name, "prompt": LONG_PROMPT, "max_tokens": 3})
+        assert r.status_code == 200 and r.json()["model"] == name
+        wrong = httpx.post(f"{ctl.url}/v1/completions", timeout=30,
+                           json={"model": "llama-3-70b", "prompt": "hi", "max_tokens": 1})
+        assert wrong.status_code == 404
+        rec = ctl.get("/requests?limit=2")
+        assert [x["path"] for x in rec if x["status"] == "ok"] == ["disaggregated"]
+        assert ctl.get("/cluster")["model"]["kv_bytes_per_token"] is None
+        assert ctl.get("/cache")["decode_kv_bytes_moved"] is None
+        assert ctl.api("GET", "/advisor").status_code == 409
+    finally:
+        if ctl is not None:
+            ctl.stop()
+        for e in engines:
+            e.terminate()
+            e.wait(timeout=30)
+
+
+def external_config(state: Path, prefill: int, decode: list[int]) -> dict[str, object]:
+    return {"backend": "external", "controller": {"state_dir": str(state)}, "pools": {
+        "prefill": {"urls": [f"http://127.0.0.1:{prefill}"]},
+        "decode": {"urls": [f"http://127.0.0.1:{p}" for p in decode]}}}
+
+
+def write_yaml(path: Path, cfg: dict[str, object]) -> str:
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def wait_healthy(url: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"{url} did not come up"
+        time.sleep(0.2)
