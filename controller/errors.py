@@ -41,6 +41,16 @@ class Unpredictable(PdctlError, status=409):
     recent requests); nothing was kept."""
 
 
+class StateUnwritable(PdctlError, status=503):
+    """The state directory cannot be written (full, read-only): an operator's change that
+    must be persisted and recorded is not made."""
+
+
+class Busy(PdctlError, status=429):
+    """The same expensive work (a what-if's simulations) is running for another caller;
+    nothing was done: retry when it ends."""
+
+
 class Unauthorized(PdctlError, status=401):
     """A missing or invalid bearer token."""
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import (
+    CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
 )
@@ -122,6 +123,24 @@ class AdmissionCollector(Collector):
                                 "(routing.prefill_max_inflight)", value=self._prefill_waiting())
 
 
+class StateCollector(Collector):
+    """Whether the state directory takes writes, and the lifecycle writes it refused (their
+    events were logged instead), read at scrape time."""
+
+    def __init__(self, state: Callable[[], tuple[bool, int]]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        writable, failed = self._state()
+        yield GaugeMetricFamily("pdctl_state_writable", "1 while the state directory takes "
+                                "writes; 0 after one failed (disk full, read-only) until one "
+                                "succeeds: operators' changes are refused with 503",
+                                value=int(writable))
+        yield CounterMetricFamily("pdctl_state_write_failures", "Audit events and fleet state "
+                                  "the state directory could not store (logged instead)",
+                                  value=failed)
+
+
 class IndexCollector(Collector):
     """The block index's state per instance, read at scrape time."""
 
@@ -210,6 +229,9 @@ class Metrics:
         self.planner_recommended = Gauge(
             "pdctl_planner_recommended_instances", "The SLA planner's recommended pool size "
             "(advisory and apply modes; absent when the planner is off)", ["role"], registry=r)
+
+    def attach_state(self, state: Callable[[], tuple[bool, int]]) -> None:
+        self.registry.register(StateCollector(state))
 
     def attach_admission(self, inflight: Callable[[], int],
                          limits: Callable[[], tuple[int, int]],

@@ -2,16 +2,27 @@
 
 Small and synchronous on purpose: writes happen on operator changes and lifecycle
 transitions, not per request.
+
+When the state directory cannot be written (its disk full, say), an operator's change is
+refused whole (``change``: the state and its audit event in one transaction, ``
+StateUnwritable`` -> 503, nothing changed), while what the fleet does by itself goes on:
+a lifecycle event (``record``) or state (``put``) that cannot be stored is logged instead,
+counted (``failed_writes``) and the reason kept (``problem``) until a write succeeds again.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from controller.errors import StateUnwritable
+
+log = logging.getLogger("pdctl.store")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -28,15 +39,24 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 
+PUT_SQL = ("INSERT INTO state(key, value) VALUES(?, ?) "
+           "ON CONFLICT(key) DO UPDATE SET value = excluded.value")
+EVENT_SQL = ("INSERT INTO events(ts, actor, kind, target, before, after, detail) "
+             "VALUES(?, ?, ?, ?, ?, ?, ?)")
+
+
 class Store:
     """Key/value JSON state plus an append-only event log."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(SCHEMA)
         self._lock = threading.Lock()
+        self.failed_writes = 0  # lifecycle events that could not be stored (logged instead)
+        self.problem: str | None = None  # why the last write failed, until one succeeds
 
     def close(self) -> None:
         self._db.close()
@@ -45,26 +65,68 @@ class Store:
         row = self._db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
         return None if row is None else json.loads(row[0])
 
-    def put(self, key: str, value: Any) -> None:
+    def _write(self, statements: list[tuple[str, tuple[Any, ...]]]) -> int | None:
+        """The statements in one transaction; the last one's row id. ``StateUnwritable``
+        (nothing written) when the database cannot be written."""
         with self._lock:
-            self._db.execute(
-                "INSERT INTO state(key, value) VALUES(?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (key, json.dumps(value)),
-            )
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    cur = None
+                    for sql, args in statements:
+                        cur = self._db.execute(sql, args)
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                self.problem = f"the state directory cannot be written ({self.path}): {exc}"
+                raise StateUnwritable(f"{self.problem}; nothing was changed") from None
+            self.problem = None
+            return None if cur is None else cur.lastrowid
+
+    def writable(self) -> None:
+        """``StateUnwritable`` unless a write goes through now (before a change whose own
+        records are written as it goes)."""
+        self._write([(PUT_SQL, ("written_at", json.dumps(time.time())))])
+
+    def put(self, key: str, value: Any) -> None:
+        """Set ``key``: state the fleet keeps by itself (its instances, their numbering), so
+        it goes on when it cannot be stored (logged and counted)."""
+        try:
+            self._write([(PUT_SQL, (key, json.dumps(value)))])
+        except StateUnwritable as exc:
+            self.failed_writes += 1
+            log.error("%s; %s not stored", exc, key)
+
+    def change(self, key: str, value: Any, actor: str, kind: str, target: str,
+               before: Any = None, after: Any = None, detail: str | None = None
+               ) -> dict[str, Any]:
+        """An operator's change: ``key`` set and its audit event appended together, or
+        neither (``StateUnwritable``). The caller changes its own state only after."""
+        ts = time.time()
+        rowid = self._write([(PUT_SQL, (key, json.dumps(value))),
+                             (EVENT_SQL, (ts, actor, kind, target, json.dumps(before),
+                                          json.dumps(after), detail))])
+        return {"id": rowid, "ts": ts, "actor": actor, "kind": kind, "target": target,
+                "before": before, "after": after, "detail": detail}
 
     def record(self, actor: str, kind: str, target: str, before: Any = None,
                after: Any = None, detail: str | None = None) -> dict[str, Any]:
-        """Append one audit event and return it."""
+        """Append one audit event and return it. What the fleet does goes on when it
+        cannot be stored: the event is logged instead (its id None) and counted."""
         ts = time.time()
-        with self._lock:
-            cur = self._db.execute(
-                "INSERT INTO events(ts, actor, kind, target, before, after, detail) "
-                "VALUES(?, ?, ?, ?, ?, ?, ?)",
-                (ts, actor, kind, target, json.dumps(before), json.dumps(after), detail),
-            )
-        return {"id": cur.lastrowid, "ts": ts, "actor": actor, "kind": kind, "target": target,
-                "before": before, "after": after, "detail": detail}
+        event = {"id": None, "ts": ts, "actor": actor, "kind": kind, "target": target,
+                 "before": before, "after": after, "detail": detail}
+        try:
+            event["id"] = self._write([(EVENT_SQL, (ts, actor, kind, target,
+                                                    json.dumps(before), json.dumps(after),
+                                                    detail))])
+        except StateUnwritable as exc:
+            self.failed_writes += 1
+            log.error("%s; event not stored: %s %s %s %s -> %s %s", exc, actor, kind, target,
+                      before, after, detail or "")
+        return event
 
     def events(self, limit: int = 100, since_id: int = 0, kind: str | None = None,
                since: float | None = None, until: float | None = None

@@ -90,6 +90,7 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
         metrics.attach_kv_index(lambda: [
             (s.instance, bool(s.health and not s.health.stale), s.health.blocks if s.health
              else 0) for s in kv.states([i.id for i in fleet.registry.serving()])])
+    metrics.attach_state(lambda: (store.problem is None, store.failed_writes))
     metrics.attach_admission(lambda: proxy.inflight, lambda: (
         table.settings.max_inflight, table.settings.max_inflight_per_instance),
         lambda: table.prefill_waiting)

@@ -71,6 +71,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     415: {"model": ErrorPublic, "description": "a body not sent as application/json"},
     422: {"model": ErrorPublic, "description": "refused: the field and the reason; nothing "
           "was changed"},
+    503: {"model": ErrorPublic, "description": "a change the state directory cannot record "
+          "(its disk full, say): nothing was changed"},
 }
 
 
@@ -172,6 +174,7 @@ async def instance_log(instance_id: str, st: State,
 @control_routes.post("/instances/{instance_id}/drain", response_model=InstancePublic)
 async def drain_instance(instance_id: str, st: State, request: Request) -> InstancePublic:
     async with st.writes:
+        st.store.writable()  # a drain the audit log cannot hold is not made
         inst = st.fleet.drain(instance_id, audit_actor(request))
         return instance_view(inst, st.table.inflight(inst.id), st.table.handles_out(inst.id))
 

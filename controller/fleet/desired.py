@@ -163,8 +163,7 @@ class Desired:
             detail: str | None = None, kv_mode: str | None = None) -> PoolTarget:
         new = self.check(role, size, tp, kv_mode)
         before = target_json(self.targets[role])
+        self.store.change("desired", targets_json(new), actor, "pool.update", role.value,
+                          before, target_json(new[role]), detail)
         self.targets = new
-        self.store.put("desired", targets_json(new))
-        self.store.record(actor, "pool.update", role.value, before, target_json(new[role]),
-                          detail)
         return new[role]

@@ -37,11 +37,10 @@ class Targets:
         before = self.settings.model_dump()
         new = patched(self.settings, patch, "targets.")
         changed = {k: v for k, v in new.model_dump().items() if before.get(k) != v}
-        self.settings = new
-        self.store.put(KEY, new.model_dump())
         if changed:
-            self.store.record(actor, "targets.update", "targets",
+            self.store.change(KEY, new.model_dump(), actor, "targets.update", "targets",
                               {k: before[k] for k in changed}, changed)
+        self.settings = new
         return new
 
 

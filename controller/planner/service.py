@@ -184,11 +184,11 @@ class Planner:
             if why is not None:
                 raise InvalidChange(f"the planner cannot run: {why}", "mode")
         before = self.live.public()
+        self.store.change("planner", new.public(), actor, "planner.update", "planner", before,
+                          new.public())
         if new.predictor != self.live.predictor:
             self.predictor = LoadPredictor(new.predictor)
         self.live = new
-        self.store.put("planner", new.public())
-        self.store.record(actor, "planner.update", "planner", before, new.public())
         if new.mode == "off":
             self.metrics.planner_recommended.clear()
         self._wake.set()

@@ -172,11 +172,10 @@ class RoutingTable:
             raise InvalidChange("nothing to change: give at least one routing field")
         before = self.settings.model_dump()
         new = patched(self.settings, patch, "routing.")
-        self.settings = new
-        self.store.put("routing", new.model_dump())
         changed = {k: v for k, v in new.model_dump().items() if before.get(k) != v}
-        self.store.record(actor, "routing.update", "routing",
+        self.store.change("routing", new.model_dump(), actor, "routing.update", "routing",
                           {k: before[k] for k in changed}, changed)
+        self.settings = new
         if {"prefill_policy", "decode_policy"} & changed.keys():
             self._reset_policies()
         self._wake()  # a higher (or no) prefill cap frees slots for those waiting
