@@ -43,6 +43,7 @@ class AppState:
     writes: asyncio.Lock = field(default_factory=asyncio.Lock)
     fallback: FallbackWatch | None = None  # silent KV fallbacks (told of every decode hop)
     forecast: Made | None = None  # the last what-if prediction (``controller.api.whatif``)
+    predicting: asyncio.Lock = field(default_factory=asyncio.Lock)  # one what-if at a time
 
 
 def app_state(request: Request) -> AppState:

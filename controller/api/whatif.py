@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Security
 
 from controller.api.control import BEARER, ERRORS, State, known_query
 from controller.api.state import AppState
-from controller.errors import InvalidChange, Unpredictable
+from controller.errors import Busy, InvalidChange, Unpredictable
 from controller.models import Role
 from controller.whatif.forecast import (
     MIN_MEASURED,
@@ -38,7 +38,8 @@ whatif_routes = APIRouter(
     prefix="/api/v1", dependencies=[Security(BEARER), Depends(known_query)],
     responses={**ERRORS, 409: {"model": ERRORS[422]["model"], "description": (
         "no prediction: the model, accelerator or link has no profile, or too few recent "
-        "requests")}})
+        "requests")}, 429: {"model": ERRORS[422]["model"], "description": (
+        "another prediction is running (one at a time: each plays two fleets on a core)")}})
 _ids = itertools.count(1)
 
 
@@ -80,7 +81,10 @@ async def predict_pools(body: WhatIfPools, st: State) -> ForecastPublic:
     if len(recent) < MIN_PLAYED:
         raise Unpredictable(f"no prediction: {len(recent)} requests received in the last "
                             f"{minutes:g} min, fewer than {MIN_PLAYED} to play")
-    made = await asyncio.to_thread(forecast, recent, current, proposed, spec)
+    if st.predicting.locked():  # two simulations per call: never several beside the router
+        raise Busy("another what-if prediction is running; retry when it ends")
+    async with st.predicting:
+        made = await asyncio.to_thread(forecast, recent, current, proposed, spec)
     notes = ["each layout as it serves once converged: every instance up from the first "
              "request (start-up and drains not played)",
              "recorded requests carry no prefix information: each prompt is its own, "

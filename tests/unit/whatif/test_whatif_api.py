@@ -5,6 +5,7 @@ the pool change itself would refuse), each changing nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 
@@ -121,3 +122,17 @@ def test_a_model_with_no_profile_is_refused(busy: App, monkeypatch: pytest.Monke
     r = tc.post("/api/v1/whatif/pools", json={"decode": {"size": 2}})
     assert r.status_code == 409 and "no profile for my-finetune" in r.json()["detail"]
     assert st.forecast is None
+
+
+def test_one_prediction_at_a_time(busy: App) -> None:
+    """A what-if while another runs is 429 at once (each plays two fleets on a core beside
+    the router); nothing is kept, and it is taken again once the other ends."""
+    tc, st = busy
+    asyncio.run(st.predicting.acquire())  # another caller's prediction, running
+    try:
+        r = tc.post("/api/v1/whatif/pools", json={"prefill": {"size": 2}})
+        assert r.status_code == 429 and "another what-if" in r.json()["detail"]
+        assert st.forecast is None
+    finally:
+        st.predicting.release()
+    assert tc.post("/api/v1/whatif/pools", json={"prefill": {"size": 2}}).status_code == 200
