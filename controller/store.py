@@ -12,6 +12,7 @@ counted (``failed_writes``) and the reason kept (``problem``) until a write succ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sqlite3
@@ -77,7 +78,8 @@ class Store:
                         cur = self._db.execute(sql, args)
                     self._db.execute("COMMIT")
                 except BaseException:
-                    self._db.execute("ROLLBACK")
+                    if self._db.in_transaction:  # SQLite rolls back itself on SQLITE_FULL
+                        self._db.execute("ROLLBACK")
                     raise
             except sqlite3.Error as exc:
                 self.problem = f"the state directory cannot be written ({self.path}): {exc}"
@@ -89,6 +91,13 @@ class Store:
         """``StateUnwritable`` unless a write goes through now (before a change whose own
         records are written as it goes)."""
         self._write([(PUT_SQL, ("written_at", json.dumps(time.time())))])
+
+    def recheck(self) -> str | None:
+        """``problem``, tried again with a write when there is one (space freed since)."""
+        if self.problem is not None:
+            with contextlib.suppress(StateUnwritable):
+                self.writable()
+        return self.problem
 
     def put(self, key: str, value: Any) -> None:
         """Set ``key``: state the fleet keeps by itself (its instances, their numbering), so

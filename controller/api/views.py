@@ -152,7 +152,7 @@ def cluster_view(st: AppState) -> ClusterPublic:
         pools={r: pool_view(st, r) for r in Role},
         routing=st.table.settings,  # the routing settings are their own answer
         instances=instances_view(st, list(f.registry)),
-        time_scale=s.time_scale)
+        time_scale=s.time_scale, state_problem=st.store.recheck())
 
 
 def _ready_counts(table: RoutingTable) -> dict[Role, int]:

@@ -137,6 +137,14 @@ def kv_integrity_alerts(stats: StatsPublic, window_s: float) -> None:
         st.warning(text, icon=":material/hourglass_bottom:")
 
 
+def state_alert(cluster: ClusterPublic) -> None:
+    """An error while the controller cannot write its state directory."""
+    if cluster.state_problem:
+        st.error(f"**Changes are refused**: {cluster.state_problem}. Clients are served; "
+                 "free space in the state directory, then make the change again.",
+                 icon=":material/database:")
+
+
 def quarantine_alerts(cluster: ClusterPublic, where: str = "") -> None:
     """An error per quarantined pool; ``where`` is appended (e.g. a pointer to a page)."""
     for role, q in integrity.quarantined(cluster).items():

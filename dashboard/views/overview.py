@@ -45,6 +45,7 @@ def latency_headline() -> None:
          *([] if grew is None else [timeline.growth_incident(grew, rng.window_s, rng.stop())])],
         key=lambda i: -i.at), rng.within())
     alerts.kv_integrity_alerts(s, rng.window_s)
+    alerts.state_alert(cl)
     alerts.quarantine_alerts(cl, " See Pools.")
     share = s.transfer_share
     alerts.transfer_alert(share)

@@ -183,6 +183,16 @@ def test_overview_shows_a_quarantined_pool(console: Console, fake: FakeControlle
     assert "process exited with status -4 (SIGILL)" in errors
 
 
+def test_overview_says_changes_are_refused_while_the_state_is_unwritable(
+        console: Console, fake: FakeController) -> None:
+    served = fake.cluster
+    why = "the state directory cannot be written (/s/state.db): database or disk is full"
+    object.__setattr__(fake, "cluster", lambda: {**served(), "state_problem": why})
+    at = console(fake)
+    no_exceptions(at)
+    assert f"**Changes are refused**: {why}" in texts(at.error)
+
+
 def test_recent_requests_show_the_suspect_flag(console: Console, fake: FakeController) -> None:
     fake.records[-1].suspect = True  # the newest request
     at = console(fake)

@@ -80,6 +80,7 @@ def test_a_full_state_disk_refuses_changes_and_serves_clients(tmp_path: Path,
         assert ctl.api("POST", f"/instances/{decode['id']}/drain").status_code == 503
         assert ctl.get(f"/instances/{decode['id']}")["state"] == "ready"
         assert metric(ctl.url, "pdctl_state_writable") == 0
+        assert "disk is full" in ctl.get("/cluster")["state_problem"]  # the console's banner
         # The data plane does not write the state directory: clients are served as before.
         for stream in (False, True):
             r = httpx.post(f"{ctl.url}/v1/completions", json={**body, "stream": stream},
@@ -88,6 +89,7 @@ def test_a_full_state_disk_refuses_changes_and_serves_clients(tmp_path: Path,
         assert httpx.get(f"{ctl.url}/readyz", timeout=5).status_code == 200
 
         os.unlink(filler)
+        assert ctl.get("/cluster")["state_problem"] is None  # tried again with room
         r = ctl.api("PATCH", "/routing", {"disagg_min_prompt_tokens": 999})
         assert r.status_code == 200, r.text
         assert metric(ctl.url, "pdctl_state_writable") == 1
