@@ -52,6 +52,9 @@ class Instance:
     # local_compute); None when the engine does not say
     local_compute: float | None = None
     health_failures: int = 0
+    # Engines seen behind its address so far, less one: a restart in place (same URL, a new
+    # process) voids the KV handles the old one gave out (``Registry.restarted``).
+    incarnation: int = 0
     ended_at: float | None = None
     last_error: str | None = None
     accelerators: tuple[int, ...] = ()  # the devices (GPUs, CPU cores) it runs on

@@ -21,6 +21,7 @@ from pdctl_api.schema import EventPublic, StatsPublic
 
 CONFIG_KINDS = ("pool.update", "routing.update", "targets.update", "planner.update")
 MARK_KINDS = {**dict.fromkeys(CONFIG_KINDS, "change"), "instance.failed": "failed",
+              "instance.restarted": "failed",
               "instance.draining": "drain", "instance.starting": "start"}
 MARK_COLORS = {"change": "#54a24b", "failed": "#e45756", "drain": "#f58518",
                "start": "#4c78a8"}
@@ -48,6 +49,8 @@ def _replacements(events: list[EventPublic]) -> dict[int, str]:
 def _label(e: EventPublic, replaces: str | None) -> str:
     if e.kind == "instance.failed":
         return f"{e.target} failed: {e.detail or 'no reason recorded'}"
+    if e.kind == "instance.restarted":
+        return f"{e.target} restarted in place: {e.detail or ''}".rstrip(": ")
     if e.kind == "instance.draining":
         return f"{e.target} draining by {e.actor}: {e.detail or ''}".rstrip(": ")
     if e.kind == "instance.starting":
@@ -91,8 +94,9 @@ class Incident:
 
 def instance_incidents(events: Iterable[EventPublic], since: float, until: float = math.inf
                        ) -> list[Incident]:
-    """Every failure in the window, with its reason and, once it is ready, its replacement;
-    pools quarantined. Newest first. A failure stays for the whole window, replaced or not."""
+    """Every failure and restart in place in the window, with its reason and, once it is ready,
+    its replacement (failures); pools quarantined. Newest first. A failure stays for the whole
+    window, replaced or not."""
     ordered = sorted(events, key=lambda e: (e.ts, e.id))
     replaced = _replacements(ordered)
     by_replacement = {v: k for k, v in replaced.items()}  # failed id -> starting event id
@@ -109,6 +113,9 @@ def instance_incidents(events: Iterable[EventPublic], since: float, until: float
                      else f"; replacement {new} starting")
             out.append(Incident(e.ts, "error", e.target, f"**{e.target} failed** at "
                                 f"{clock(e.ts)}: {e.detail or 'no reason recorded'}{after}"))
+        elif e.kind == "instance.restarted":
+            out.append(Incident(e.ts, "warning", e.target, f"**{e.target} restarted in "
+                                f"place** at {clock(e.ts)}: {e.detail or ''}"))
         elif e.kind == "pool.quarantined":
             out.append(Incident(e.ts, "error", f"{e.target} pool",
                                 f"**{e.target} pool quarantined** at {clock(e.ts)}: "

@@ -19,7 +19,14 @@ from controller.errors import InvalidChange, LaunchError, NotFound
 from controller.fleet.desired import Desired, FleetCapacity, capacity_of, target_json
 from controller.fleet.guard import StartGuard
 from controller.fleet.history import LoadHistory, history_rows
-from controller.fleet.observer import Observer, Probe, count_failures, launched
+from controller.fleet.observer import (
+    EngineLoad,
+    Observer,
+    Probe,
+    count_failures,
+    launched,
+    restart_reason,
+)
 from controller.fleet.reconcile import (
     Action,
     Capacity,
@@ -49,6 +56,7 @@ class Fleet:
         self.guard = StartGuard(cs.crash_window_s, cs.quarantine_after)
         self._last_health: dict[str, float] = {}
         self._early_check: dict[str, float] = {}  # when a router report last brought one
+        self._last_load: dict[str, EngineLoad] = {}  # each instance's previous /metrics poll
         self._tasks: set[asyncio.Task[Any]] = set()
         self._launching: dict[str, asyncio.Task[None]] = {}  # instance id -> its start
         self._wake = asyncio.Event()
@@ -185,6 +193,7 @@ class Fleet:
         for iid in self.registry.purge():
             self._last_health.pop(iid, None)
             self._early_check.pop(iid, None)
+            self._last_load.pop(iid, None)
         for action in reconcile(self._plan_input(self.desired.targets)):
             await self._act(action)
 
@@ -325,9 +334,15 @@ class Fleet:
         polled = []
         for iid, load in (await self.observer.poll(serving)).items():
             inst = self.registry.get(iid)
-            if inst is not None:
-                self.registry.apply_load(inst, load)
-                polled.append(inst)
+            if inst is None:
+                continue
+            before = self._last_load.get(iid)
+            why = None if before is None else restart_reason(before, load)
+            if why is not None:
+                self.registry.restarted(inst, why, self.table.void_handles(iid))
+            self._last_load[iid] = load
+            self.registry.apply_load(inst, load)
+            polled.append(inst)
         self.load_history.record(polled)
 
     async def run_load_poller(self, after: Callable[[list[Instance]], None] | None = None

@@ -27,7 +27,19 @@ LOAD_SERIES = {
     "vllm:nixl_num_kv_expired_reqs_total": "kv_expired",
     "vllm:nixl_num_notifications_after_expiry_total": "kv_after_expiry",
     "vllm:nixl_num_failed_transfers_total": "nixl_failed",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:generation_tokens_total": "generation_tokens",
+    # prometheus_client's process collector: vLLM's API server has it unless it runs several
+    # API servers (multiprocess mode); a restarted engine's differs
+    "process_start_time_seconds": "started",
 }
+# Cumulative series, by EngineLoad field: one going back means the engine started over.
+CUMULATIVE = {"prompt_tokens": "vllm:prompt_tokens_total",
+              "generation_tokens": "vllm:generation_tokens_total",
+              "nixl_xfers": "vllm:nixl_xfer_time_seconds_count",
+              "kv_expired": "vllm:nixl_num_kv_expired_reqs_total",
+              "kv_after_expiry": "vllm:nixl_num_notifications_after_expiry_total",
+              "nixl_failed": "vllm:nixl_num_failed_transfers_total"}
 PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 METRICS_TIMEOUT_S = 2.0
 OVERLOAD_MIN = 2  # timeouts in one sweep before "all timed out" reads as controller overload
@@ -46,6 +58,9 @@ class EngineLoad:
     kv_expired: float = 0.0  # cumulative, vllm:nixl_num_kv_expired_reqs (prefill side)
     kv_after_expiry: float = 0.0  # cumulative, vllm:nixl_num_notifications_after_expiry
     nixl_failed: float = 0.0  # cumulative, vllm:nixl_num_failed_transfers (decode side)
+    prompt_tokens: float = 0.0  # cumulative, vllm:prompt_tokens_total
+    generation_tokens: float = 0.0  # cumulative, vllm:generation_tokens_total
+    started: float = 0.0  # unix s, process_start_time_seconds (0: the engine does not say)
     # cumulative, vllm:prompt_tokens_by_source{source="local_compute"}: prompt tokens the
     # engine computed itself (None: it does not say)
     local_compute: float | None = None
@@ -62,6 +77,23 @@ def parse_load(text: str) -> dict[str, float]:
     if local is not None:
         out["local_compute"] = local
     return out
+
+
+def restart_reason(before: EngineLoad, now: EngineLoad) -> str | None:
+    """Why two polls of the same address read as two engine processes, or None.
+
+    An engine restarted behind the same address (a pod restarted in place, an engine an
+    operator ran again) is a new engine: the KV handles the old one gave out are void and its
+    prefix cache is empty. Told by its process start time where the engine exports one, else
+    by a cumulative counter going back (Prometheus's own rule for a counter reset)."""
+    if before.started and now.started and now.started != before.started:
+        return (f"its process start time moved from {before.started:.0f} to "
+                f"{now.started:.0f} (unix s)")
+    for field_name, series in CUMULATIVE.items():
+        was, is_ = getattr(before, field_name), getattr(now, field_name)
+        if is_ < was:
+            return f"its {series} went back from {was:g} to {is_:g}"
+    return None
 
 
 class Probe(enum.Enum):

@@ -214,6 +214,18 @@ class Registry:
         if not inst.state.terminal:  # a failed instance keeps the reason it failed for
             inst.last_error = error
 
+    def restarted(self, inst: Instance, why: str, handles_voided: int) -> None:
+        """A new engine answers at ``inst``'s address: the KV handles the old one gave out
+        are void (``handles_voided`` were not yet read or released); a decode hop still
+        holding one goes colocated (``Instance.incarnation``)."""
+        inst.incarnation += 1
+        detail = (f"the engine at {inst.url} restarted behind the same address ({why}); "
+                  f"{handles_voided} KV handle(s) it gave out are void and its prefix cache "
+                  "is empty")
+        self.store.record("fleet", "instance.restarted", inst.id, None,
+                          {"incarnation": inst.incarnation, "url": inst.url}, detail)
+        log.warning("%s: %s", inst.id, detail)
+
     def apply_load(self, inst: Instance, load: EngineLoad) -> None:
         """An engine's /metrics, with the mean NIXL transfer time of the transfers completed
         since the previous poll."""

@@ -57,7 +57,7 @@ class PullHandoff(ProxyBase):
             ctx.prefill_times = EngineTimes.parse(data.get("metrics"))
             ctx.prefill_wall_ms = (time.perf_counter() - sent) * 1e3
             self.table.handle_out(inst.id, ctx.rid, self._lease_s)
-            return PrefillDone(inst, data["kv_transfer_params"], self.clock())
+            return PrefillDone(inst, data["kv_transfer_params"], self.clock(), inst.incarnation)
         log.warning("%s: prefill hop failed (%s); serving colocated", ctx.rid,
                     "; ".join(ctx.errors) or "no prefill instance")
         return None
@@ -106,6 +106,10 @@ class PullHandoff(ProxyBase):
         tried: set[str] = set()
         inst: Instance | None = ctx.decode
         while inst is not None and len(tried) < self.table.settings.max_attempts:
+            if done.void:
+                ctx.errors.append(f"prefill {done.instance.id} restarted after it answered: "
+                                  "its KV handle is void")
+                return None
             late = self.clock() - done.answered_at
             if late > self._late_s:
                 ctx.errors.append(f"decode hop {late:.1f} s after the prefill answered (limit "

@@ -180,7 +180,7 @@ class PushHandoff(ProxyBase):
         ctx.prefill_times = EngineTimes.parse(data.get("metrics"))
         ctx.prefill_wall_ms = (time.perf_counter() - sent) * 1e3
         self.table.handle_out(inst.id, ctx.rid, self._lease_s)
-        return PrefillDone(inst, data["kv_transfer_params"], self.clock())
+        return PrefillDone(inst, data["kv_transfer_params"], self.clock(), inst.incarnation)
 
     async def _push_after_client(self, ctx: Ctx, p_task: asyncio.Future[PrefillDone | None],
                                  d_task: asyncio.Future[Stream], written: list[bool]) -> None:

@@ -90,6 +90,13 @@ class PrefillDone:
     instance: Instance
     kv_params: dict[str, Any]
     answered_at: float  # router clock when the answer arrived: the lease runs from about then
+    incarnation: int = 0  # the prefill instance's when it answered (a restart voids the handle)
+
+    @property
+    def void(self) -> bool:
+        """The prefill engine restarted since it answered: its handle names blocks of an
+        engine that is gone."""
+        return self.instance.incarnation != self.incarnation
 
     @property
     def handle(self) -> str | None:

@@ -316,6 +316,13 @@ class RoutingTable:
             if not out:
                 del self._handles[instance_id]
 
+    def void_handles(self, instance_id: str) -> int:
+        """The engine behind ``instance_id`` restarted: the handles it gave out hold nothing
+        any more (none is left to read, release or wait for). How many were out."""
+        n = self.handles_out(instance_id)
+        self._handles.pop(instance_id, None)
+        return n
+
     def handles_out(self, instance_id: str) -> int:
         """KV handles of the instance whose request has not ended and lease not run out."""
         out = self._handles.get(instance_id)

@@ -11,7 +11,8 @@ from dashboard.ui.sidebar import run_every
 from dashboard.ui.timerange import time_range
 
 EVENT_KINDS = ["pool.update", "routing.update", "instance.starting", "instance.ready",
-               "instance.draining", "instance.stopped", "instance.failed", "desired.reset",
+               "instance.draining", "instance.stopped", "instance.failed",
+               "instance.restarted", "desired.reset",
                "controller.start", "controller.stop", "kv.after_expiry", "kv.expired",
                "pool.quarantined"]
 LIMITS = [100, 500, 2000]

@@ -51,6 +51,18 @@ def test_a_failure_stays_in_the_strip_after_its_replacement_is_ready() -> None:
     assert timeline.instance_incidents(KILLED, since=NOW - 20) == []  # before the window
 
 
+def test_a_restart_in_place_is_a_warning_and_a_mark_not_a_failure() -> None:
+    restarted = [ev(7, 70, "instance.restarted", "prefill-1",
+                    "the engine at http://h:1 restarted behind the same address (its process "
+                    "start time moved from 1 to 2 (unix s)); 3 KV handle(s) it gave out are "
+                    "void and its prefix cache is empty", actor="fleet")]
+    [found] = timeline.instance_incidents(restarted, since=NOW - 120)
+    assert (found.subject, found.severity) == ("prefill-1", "warning")
+    assert "**prefill-1 restarted in place**" in found.text and "3 KV handle(s)" in found.text
+    marks = timeline.change_marks(restarted, since=NOW - 120)
+    assert list(marks["label"])[0].startswith("prefill-1 restarted in place: the engine at")
+
+
 def test_the_part_that_grew_most_is_named_and_noise_is_not() -> None:
     before = stats()
     grown = before.model_copy(update={"components_ms": before.components_ms.model_copy(

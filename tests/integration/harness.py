@@ -5,6 +5,8 @@ and a load generator that counts every client-visible failure."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +21,7 @@ from bench import fleet
 from bench.fleet import ControllerProc, free_port
 
 __all__ = ["LONG_PROMPT", "SHORT_PROMPT", "ControllerProc", "Load", "LoadResult", "base_config",
-           "free_port", "start_controller"]
+           "engine_metric", "free_port", "sim_engine", "start_controller", "wait_healthy"]
 
 LONG_PROMPT = "the quick brown fox jumps over the lazy dog " * 60  # ~660 tokens: disaggregated
 SHORT_PROMPT = "hello there"  # colocated
@@ -47,6 +49,36 @@ def start_controller(tmp: Path, config: dict[str, Any] | None = None,
     cfg = base_config(tmp / "state", free_port(), **(config or {}))
     return fleet.start_controller(tmp, cfg, config_file="pdctl.yaml",
                                   wait="converged" if wait_ready else "up")
+
+
+def sim_engine(port: int, role: str, served: str | None = None, time_scale: float = 0.1
+               ) -> subprocess.Popen[bytes]:
+    """A simulated engine process started outside any controller (for the ``external``
+    backend), in its own process group."""
+    named = ["--served-model-name", served] if served else []
+    return subprocess.Popen(
+        [sys.executable, "-m", "controller.engines.sim", "--port", str(port), "--role", role,
+         "--tp", "2", "--time-scale", str(time_scale), *named], stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def wait_healthy(url: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"{url} did not come up"
+        time.sleep(0.1)
+
+
+def engine_metric(url: str, name: str) -> float:
+    """``name`` on an engine's /metrics page, summed over its label sets."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
 
 
 @dataclass

@@ -25,7 +25,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.harness import LONG_PROMPT, ControllerProc, Load, start_controller
+from tests.integration.harness import (
+    LONG_PROMPT,
+    ControllerProc,
+    Load,
+    engine_metric,
+    start_controller,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -34,11 +40,6 @@ HANDLE_LINE = re.compile(r"decode hop for KV handle (\S+) of engine (\S+)")
 KV_HELD = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
            "vllm:nixl_num_kv_expired_reqs_total")
 
-
-def engine_metric(url: str, name: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
 
 
 def instances(ctl: ControllerProc, role: str) -> list[dict[str, object]]:

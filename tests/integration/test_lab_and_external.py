@@ -15,7 +15,13 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.harness import LONG_PROMPT, free_port, start_controller
+from tests.integration.harness import (
+    LONG_PROMPT,
+    free_port,
+    sim_engine,
+    start_controller,
+    wait_healthy,
+)
 
 
 class Output:
@@ -86,17 +92,10 @@ def test_lab_sim_starts_prints_and_stops_everything(tmp_path: Path) -> None:
             proc.wait()
 
 
-def engine(port: int, role: str, served: str | None = None) -> subprocess.Popen[bytes]:
-    named = ["--served-model-name", served] if served else []
-    return subprocess.Popen(
-        [sys.executable, "-m", "controller.engines.sim", "--port", str(port), "--role", role,
-         "--tp", "2", "--time-scale", "0.1", *named], stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
-
 
 def test_external_backend_routes_to_given_urls(tmp_path: Path) -> None:
     pp, dp = free_port(), free_port()
-    engines = [engine(pp, "prefill"), engine(dp, "decode")]
+    engines = [sim_engine(pp, "prefill"), sim_engine(dp, "decode")]
     ctl = None
     try:
         ctl = start_controller(tmp_path, {"backend": "external", "pools": {
@@ -128,8 +127,8 @@ def test_external_backend_serves_the_engines_own_model(tmp_path: Path) -> None:
     unknown rather than a default model's; engines that disagree are refused at start."""
     pp, dp, other = free_port(), free_port(), free_port()
     name = "acme/chat-8b"
-    engines = [engine(pp, "prefill", name), engine(dp, "decode", name),
-               engine(other, "decode", "acme/other")]
+    engines = [sim_engine(pp, "prefill", name), sim_engine(dp, "decode", name),
+               sim_engine(other, "decode", "acme/other")]
     ctl = None
     try:
         for port in (pp, dp, other):
@@ -179,13 +178,3 @@ def write_yaml(path: Path, cfg: dict[str, object]) -> str:
     return str(path)
 
 
-def wait_healthy(url: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, f"{url} did not come up"
-        time.sleep(0.2)

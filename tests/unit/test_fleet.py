@@ -13,7 +13,7 @@ from controller.config import load_settings
 from controller.errors import InvalidChange
 from controller.fleet import Fleet, build_fleet
 from controller.fleet.guard import quarantine_s
-from controller.fleet.observer import Probe, count_failures
+from controller.fleet.observer import EngineLoad, Probe, count_failures, restart_reason
 from controller.launchers.base import Launched, Launcher, LaunchSpec
 from controller.models import Instance, InstanceState, Role
 from controller.store import Store
@@ -246,6 +246,33 @@ async def test_load_is_polled_from_engine_metrics(
     assert _get(fleet, "decode-2").running == len("decode-2")
 
 
+async def test_an_engine_restarted_in_place_is_recorded_and_its_handles_voided(
+        env: Env) -> None:
+    fleet, _, _, store = env
+    await _ready_pools(env)
+    started = {"prefill-1": 100.0}
+
+    def metrics(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text="process_start_time_seconds "
+                              f"{started.get(request.url.host, 50.0)}\n")
+
+    fleet.observer.client = httpx.AsyncClient(transport=httpx.MockTransport(metrics))
+    await fleet.poll_load()
+    fleet.table.handle_out("prefill-1", "r1", 30.0)
+    await fleet.poll_load()
+    assert not store.events(kind="instance.restarted")  # the same process
+    started["prefill-1"] = 160.0  # a new process answers at the same URL
+    await fleet.poll_load()
+    [event] = store.events(kind="instance.restarted")
+    assert event["target"] == "prefill-1" and "1 KV handle(s) it gave out are void" in \
+        event["detail"] and "moved from 100 to 160" in event["detail"]
+    inst = _get(fleet, "prefill-1")
+    assert inst.incarnation == 1 and inst.state is InstanceState.READY
+    assert fleet.table.handles_out("prefill-1") == 0
+    await fleet.poll_load()
+    assert len(store.events(kind="instance.restarted")) == 1  # told once
+
+
 async def test_stored_desired_state_wins_on_restart(tmp_path: Path) -> None:
     settings = load_settings(None, controller={"state_dir": tmp_path})
     store = Store(tmp_path / "state.db")
@@ -267,6 +294,23 @@ def test_a_sweep_where_most_ready_instances_time_out_counts_no_timeout() -> None
     assert count_failures([(False, slow)]).failed == (True,)
     # Starting instances never count.
     assert count_failures([(True, down), (True, slow)]).failed == (False, False)
+
+
+def test_a_new_process_behind_the_same_address_reads_as_a_restart() -> None:
+    served = EngineLoad.parse("process_start_time_seconds 1000.5\n"
+                              'vllm:prompt_tokens_total{model_name="m"} 900\n'
+                              'vllm:generation_tokens_total{model_name="m"} 40\n')
+    assert served.started == 1000.5 and served.prompt_tokens == 900
+    later = EngineLoad(started=1000.5, prompt_tokens=1200, generation_tokens=50)
+    assert restart_reason(served, later) is None  # the same process, counting on
+    again = EngineLoad(started=1090.0, prompt_tokens=1500, generation_tokens=60)
+    why = restart_reason(served, again)  # counters grew past, but another process
+    assert why is not None and "process start time moved from 1000 to 1090" in why
+    # No start time exported (vLLM with several API servers): a counter going back tells.
+    why = restart_reason(EngineLoad(prompt_tokens=900, nixl_xfers=5),
+                         EngineLoad(prompt_tokens=950, nixl_xfers=2))
+    assert why == "its vllm:nixl_xfer_time_seconds_count went back from 5 to 2"
+    assert restart_reason(EngineLoad(prompt_tokens=900), EngineLoad(prompt_tokens=900)) is None
 
 
 async def test_timeouts_across_the_fleet_do_not_fail_it(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.models import RequestPath
+from controller.models import RequestPath, Role
 from controller.router.proxy import Proxy
 from tests.unit.fake_engines import (
     KV,
@@ -122,6 +122,31 @@ async def test_a_late_decode_hop_goes_colocated_and_the_handle_is_released(tmp_p
     assert releases(proxy, "late") == 1
     served = [c for c in engines.calls if c.host.startswith("decode") and not c.is_release]
     assert [c.kv for c in served] == [None]
+
+
+async def test_a_handle_of_a_prefill_restarted_in_place_is_not_sent(tmp_path: Path) -> None:
+    """The controller saw the prefill engine restart behind its address (a new incarnation)
+    while the decode hop was being placed: the handle names blocks of a process that is gone,
+    so no decode engine gets it and nothing is released through one; served colocated."""
+    tables = []
+
+    async def restart_seen(call: Call) -> Answer:
+        [prefill] = tables[0].ready(Role.PREFILL)
+        prefill.incarnation += 1  # what Registry.restarted does
+        return await refused(call)
+
+    engines = FakeEngines({"decode-1": restart_seen})
+    proxy, table = make_proxy(tmp_path, engines)
+    tables.append(table)
+    status, path = await status_path(proxy)
+    await settle(proxy)
+    assert (status, path) == (200, RequestPath.COLOCATED)
+    assert engines.kv_deliveries() == []  # decode-1 refused the connection; decode-2 not sent it
+    rec = proxy.requests.recent(1)[0]
+    assert rec.kv_handle is None and rec.decode_instance == "decode-2"
+    assert engines.calls[-1].host == "decode-2" and engines.calls[-1].kv is None
+    assert releases(proxy, "late") == releases(proxy, "decode_unavailable") == 0
+    assert idle(table)
 
 
 async def test_in_time_hop_is_not_late(tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ many engines live in one process, as they do in tests.
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -40,6 +42,11 @@ class SimMetrics:
                              "waiting for remote KV.")
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "Share of KV cache blocks in use (0-1).")
         self.prompt_tokens = counter("vllm:prompt_tokens_total", "Prompt tokens processed.")
+        # prometheus_client's process collector as vLLM's API server exports it (no labels):
+        # here the engine's own start, as if it were the only one in its process
+        started = Gauge("process_start_time_seconds",
+                        "Start time of the process since unix epoch in seconds.", registry=r)
+        started.set(time.time())
         # The simulator's own: how far its wall time fell behind its model (the machine could
         # not keep up: its latencies then say more about this CPU than the modelled one).
         self.busy = counter("pdctl_sim_busy_seconds_total",
