@@ -80,6 +80,7 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
     fleet, table = build_fleet(settings, store, launcher or make_launcher(settings),
                                httpx.AsyncClient(timeout=httpx.Timeout(5.0)))
     upstream = H1Upstream(lambda: table.settings.request_timeout_s)  # the live value
+    table.on_failed = _cut_connections(upstream)
     metrics = Metrics(settings.model.public_name)
     metrics.registry.register(FleetCollector(fleet))
     requests = RequestLog(settings.controller.request_buffer)
@@ -108,6 +109,20 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
                     targets,
                     viewer_token=ensure_token(state_dir, "viewer-token"), writes=writes,
                     fallback=fallback)
+
+
+def _cut_connections(upstream: H1Upstream) -> Callable[[Instance, str], None]:
+    """What the router does when the fleet fails an instance: end its connections to it, so
+    that requests waiting on an engine that cannot answer (a cut path, a hung process) fail
+    now -- retried elsewhere where nothing reached the client yet, else ended with an error
+    -- rather than after the read timeout."""
+    def cut(inst: Instance, why: str) -> None:
+        if not inst.url:
+            return
+        n = upstream.cut(inst.url, f"{inst.id} failed: {why}")
+        if n:
+            log.warning("%s failed (%s): its %d open connection(s) ended", inst.id, why, n)
+    return cut
 
 
 def _after_poll(st: AppState) -> Callable[[list[Instance]], None]:

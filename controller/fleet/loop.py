@@ -199,6 +199,7 @@ class Fleet:
 
     def _fail(self, inst: Instance, why: str) -> None:
         in_service = self.registry.fail(inst, why)
+        self.table.failed(inst, why)
         q = self.guard.failed(inst.role, self.clock(), in_service, why)
         if q is not None:
             cs = self.settings.controller

@@ -63,6 +63,7 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.lost = False  # the connection ended (either side)
         self.idle_since = 0.0
+        self.live: set[_Conn] | None = None  # its engine's open connections (``H1Upstream.cut``)
         self._reset()
 
     def _reset(self) -> None:
@@ -95,6 +96,8 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = self.lost = True
+        if self.live is not None:
+            self.live.discard(self)
         if not self.complete:
             what = f": {exc}" if exc else ""
             self._fail(f"connection closed before the response was complete{what}")
@@ -163,6 +166,13 @@ class _Conn(asyncio.Protocol):
             self.closed = True
             self.transport.close()
 
+    def cut(self, message: str) -> None:
+        """End the connection now, its current exchange failing with ``message``."""
+        self._fail(message)
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
 
 class _Response:
     """A response being read (``Stream``); hands its connection back when read to the end."""
@@ -210,6 +220,7 @@ class H1Upstream:
         self.keepalive_s = keepalive_s
         self.max_idle = max_idle_per_host
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._live: dict[tuple[str, int], set[_Conn]] = {}  # every open connection, by engine
 
     @property
     def read_timeout_s(self) -> float:
@@ -238,7 +249,23 @@ class H1Upstream:
         except OSError as exc:
             raise UpstreamError(f"connect to {key[0]}:{key[1]} failed: "
                                 f"{exc.strerror or exc}", sent=False) from None
+        if not conn.lost:
+            conn.live = self._live.setdefault(key, set())
+            conn.live.add(conn)
         return conn
+
+    def cut(self, url: str, message: str) -> int:
+        """The engine at ``url`` is written off (failed by the controller, perhaps unreachable
+        with connections that would otherwise wait out the read timeout): every connection to
+        it ends now, each exchange on one failing with ``message``. How many were open."""
+        host, port, _, _ = _target(url)
+        key = (host, port)
+        self._idle.pop(key, None)
+        conns = self._live.pop(key, set())
+        for conn in conns:
+            conn.live = None
+            conn.cut(message)
+        return len(conns)
 
     def release(self, key: tuple[str, int], conn: _Conn) -> None:
         idle = self._idle.setdefault(key, [])

@@ -105,6 +105,7 @@ class RoutingTable:
         # first come first served: each future gets a lease on the instance it may use.
         self._waiters: deque[tuple[asyncio.Future[Lease], PromptBlocks | None]] = deque()
         self.on_unreachable: Unreachable | None = None  # the fleet's, set when wired
+        self.on_failed: Unreachable | None = None  # the router's, set when wired
         self._reset_policies()
 
     def _stored(self, initial: RoutingSettings) -> RoutingSettings:
@@ -288,6 +289,12 @@ class RoutingTable:
         self._suspect[inst.id] = now + SUSPECT_S
         if self.on_unreachable is not None:
             self.on_unreachable(inst, error)
+
+    def failed(self, inst: Instance, why: str) -> None:
+        """The fleet wrote ``inst`` off: what the router has in flight there ends now (a
+        stream waiting on an engine that cannot answer would wait the whole read timeout)."""
+        if self.on_failed is not None:
+            self.on_failed(inst, why)
 
     def suspect(self, instance_id: str) -> bool:
         return self._suspect.get(instance_id, 0.0) > self.clock()

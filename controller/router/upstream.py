@@ -59,4 +59,9 @@ class Upstream(Protocol):
                    resend: bool = True, on_sent: Callable[[], None] | None = None
                    ) -> Stream: ...
 
+    def cut(self, url: str, message: str) -> int:
+        """End every connection to the engine at ``url`` now (its exchanges fail with
+        ``message``); how many were open."""
+        ...
+
     async def close(self) -> None: ...

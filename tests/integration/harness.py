@@ -109,6 +109,7 @@ class Load:
         self._go = threading.Event()
         self._go.set()
         self._inflight = 0
+        self._since: dict[int, float] = {}  # worker -> when its request in flight was sent
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
     def __enter__(self) -> Load:
@@ -130,6 +131,11 @@ class Load:
             yield
         finally:
             self._go.set()
+
+    def oldest_s(self) -> float:
+        """How long the oldest request in flight has been waiting (0: none in flight)."""
+        now = time.monotonic()
+        return max((now - t for t in list(self._since.values())), default=0.0)
 
     def stop(self) -> LoadResult:
         self._stop.set()
@@ -154,12 +160,14 @@ class Load:
             prompt = LONG_PROMPT if self.long_only or (n + w) % 3 else SHORT_PROMPT
             body = {"model": self.model, "prompt": f"{w}-{n} {prompt}",
                     "max_tokens": self.max_tokens, "stream": stream, **self.extra}
+            self._since[w] = time.monotonic()
             try:
                 reason = await self._one(client, body)
             except httpx.HTTPError as exc:
                 reason = f"{type(exc).__name__}: {exc}"
             finally:
                 self._inflight -= 1
+                del self._since[w]
             if reason:
                 self.result.failures.append(reason)
             else:

@@ -226,6 +226,46 @@ async def test_an_engine_dying_mid_stream_raises_after_what_it_sent() -> None:
         resp.close()
 
 
+async def test_cut_ends_every_connection_to_an_engine_now() -> None:
+    """A stream mid-answer and a request with no answer yet on one engine both end at once
+    when the controller writes the engine off; another engine's connections are untouched."""
+    async def stalls(request: bytes, writer: asyncio.StreamWriter, n: int) -> bool:
+        if n == 1:  # answers whole: the stream reuses its connection
+            return await answer_whole(request, writer, n)
+        if n == 2:  # a stream that sends one event, then nothing
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         + chunk(b"data: 0\n\n"))
+            await writer.drain()
+        await asyncio.sleep(30)
+        return False
+
+    async with Engine(stalls) as engine, Engine(answer_whole) as other:
+        client = H1Upstream(read_timeout_s=60)
+        assert (await client.post(engine.url, b"{}", HEADERS)).status == 200
+        assert (await client.post(other.url, b"{}", HEADERS)).status == 200
+        resp = await client.open(engine.url, b"{}", HEADERS)
+        got: list[bytes] = []
+
+        async def relay() -> None:
+            async for c in resp.chunks():
+                got.append(c)
+
+        streaming = asyncio.ensure_future(relay())
+        waiting = asyncio.ensure_future(client.post(engine.url, b"{}", HEADERS))
+        while len(engine.requests) < 3 or not got:
+            await asyncio.sleep(0.01)
+        assert client.cut(engine.url, "decode-1 failed: 3 failed health checks") == 2
+        for task in (streaming, waiting):
+            with pytest.raises(UpstreamError, match="decode-1 failed: 3 failed health checks"):
+                await asyncio.wait_for(task, 1)
+        assert got == [b"data: 0\n\n"]
+        resp.close()
+        assert client.cut(engine.url, "again") == 0
+        assert (await client.post(other.url, b"{}", HEADERS)).status == 200
+        assert other.connections == 1  # its idle connection was kept and reused
+        await client.close()
+
+
 async def test_malformed_answers_raise_upstream_error() -> None:
     async def garbage(request: bytes, writer: asyncio.StreamWriter, n: int) -> bool:
         writer.write(b"NOT HTTP AT ALL\r\n\r\n")
