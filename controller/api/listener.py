@@ -6,11 +6,18 @@
   uvicorn has no such timer: a connection that never sends a request would be held forever.
 - ``max_connections``: beyond this many connections (or requests) at once, uvicorn answers
   ``503`` and closes the connection.
+- On SIGTERM/SIGINT it stops accepting connections and lets the requests in flight finish for
+  ``SHUTDOWN_GRACE_S``. uvicorn then cancels those left, and their clients would see the
+  connection drop with no answer. So ``ANSWER_S`` before that, ``ControllerServer`` has the
+  router end its engine connections. Each request left gets its error the usual way: an error
+  answer, or an error event ending its stream.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -18,6 +25,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from controller.config import ControllerSettings
 
+SHUTDOWN_GRACE_S = 10.0
+LINGER_S = 0.5  # an idle connection's wait for a request already on its way, at shutdown
+ANSWER_S = 1.0  # time left to write the error answers of the requests the grace did not cover
 _BODY_408 = b'{"detail": "request headers not received in time"}'
 TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
                b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
@@ -25,13 +35,33 @@ TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\
 
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol plus a deadline for each request's headers."""
+    """uvicorn's httptools protocol plus a deadline for each request's headers, and an idle
+    connection kept ``LINGER_S`` at shutdown (``shutdown``)."""
 
     header_timeout_s = 10.0  # set per listener by ``protocol_class``
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_timer: asyncio.TimerHandle | None = None
+        self._closing = False
+
+    def shutdown(self) -> None:
+        """The server is shutting down. uvicorn closes an idle keep-alive connection at once,
+        so a request its client wrote just before is lost unanswered (the client reads a
+        reset). Here the connection is kept ``LINGER_S`` instead: a request that arrives
+        meanwhile is served, with ``Connection: close``."""
+        self._closing = True
+        if self.cycle is None or self.cycle.response_complete:
+            self.loop.call_later(LINGER_S, self._close_if_idle)
+        else:
+            self.cycle.keep_alive = False
+
+    def _close_if_idle(self) -> None:
+        if self.cycle is None or self.cycle.response_complete:
+            if not self.transport.is_closing():
+                self.transport.close()
+        else:
+            self.cycle.keep_alive = False
 
     def _arm(self) -> None:
         self._disarm()
@@ -64,6 +94,8 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         super().on_headers_complete()
+        if self._closing and self.cycle is not None:
+            self.cycle.keep_alive = False
 
     def on_response_complete(self) -> None:
         self._disarm()  # the keep-alive timer takes over until the next request begins
@@ -82,4 +114,21 @@ def server_config(app: Any, cs: ControllerSettings) -> uvicorn.Config:
                           http=protocol_class(cs.header_timeout_s),
                           limit_concurrency=cs.max_connections,
                           timeout_keep_alive=cs.keep_alive_s,  # type: ignore[arg-type]
-                          timeout_graceful_shutdown=10)
+                          timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S))
+
+
+class ControllerServer(uvicorn.Server):
+    """uvicorn's server; ``before_cancel`` runs ``ANSWER_S`` before the shutdown's grace ends
+    (the module docstring)."""
+
+    def __init__(self, config: uvicorn.Config, before_cancel: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._before_cancel = before_cancel
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        timer = asyncio.get_running_loop().call_later(SHUTDOWN_GRACE_S - ANSWER_S,
+                                                      self._before_cancel)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()

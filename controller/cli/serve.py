@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import resource
 import sys
@@ -12,10 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-
 from controller.api import create_app
-from controller.api.listener import server_config
+from controller.api.listener import ControllerServer, server_config
 from controller.api.state import AppState
 from controller.cli import console
 from controller.cli.args import SubParsers
@@ -29,6 +28,8 @@ from controller.obs import prometheus
 from controller.obs.logs import LOG_FORMATS, setup_logging
 from controller.signals import clean_stop_signals
 from controller.sizing import cpu_features
+
+log = logging.getLogger("pdctl.controller")
 
 
 def _common_server_flags(p: argparse.ArgumentParser) -> None:
@@ -115,6 +116,15 @@ def raise_fd_limit() -> tuple[int, int]:
     return soft, hard
 
 
+def _end_requests(st: AppState) -> None:
+    """The shutdown's grace is nearly over: the requests still in flight end with an error
+    their clients can read, rather than a dropped connection."""
+    n = st.upstream.cut_all("the controller is shutting down")
+    if n:
+        log.warning("shutting down: %d engine connection(s) still in use ended; their requests "
+                    "answered with an error", n)
+
+
 def _serve(settings: Settings, after_start: Any = None) -> int:
     """Serve the controller until SIGINT/SIGTERM; the lifespan stops every instance."""
     raise_fd_limit()
@@ -125,7 +135,7 @@ def _serve(settings: Settings, after_start: Any = None) -> int:
         print(f"pdctl: {exc}", file=sys.stderr)
         return 2
     cs = settings.controller
-    server = uvicorn.Server(server_config(app, cs))
+    server = ControllerServer(server_config(app, cs), lambda: _end_requests(app.state.pdctl))
 
     async def main() -> None:
         extra = asyncio.create_task(after_start(app.state.pdctl)) if after_start else None

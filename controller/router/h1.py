@@ -221,6 +221,7 @@ class H1Upstream:
         self.max_idle = max_idle_per_host
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self._live: dict[tuple[str, int], set[_Conn]] = {}  # every open connection, by engine
+        self._closed: str | None = None  # why no request may start any more (``cut_all``)
 
     @property
     def read_timeout_s(self) -> float:
@@ -267,6 +268,13 @@ class H1Upstream:
             conn.cut(message)
         return len(conns)
 
+    def cut_all(self, message: str) -> int:
+        """The controller is going away: every connection ends now, as ``cut`` ends one
+        engine's, and no request starts any more (each fails with ``message`` at once, so no
+        retry outlives the shutdown). How many were open."""
+        self._closed = message
+        return sum(self.cut(f"http://{host}:{port}/", message) for host, port in list(self._live))
+
     def release(self, key: tuple[str, int], conn: _Conn) -> None:
         idle = self._idle.setdefault(key, [])
         if len(idle) >= self.max_idle:
@@ -280,6 +288,8 @@ class H1Upstream:
     async def open(self, url: str, payload: bytes, headers: Mapping[str, str],
                    resend: bool = True, on_sent: Callable[[], None] | None = None
                    ) -> _Response:
+        if self._closed is not None:
+            raise UpstreamError(self._closed, sent=False)
         host, port, path, host_header = _target(url)
         key = (host, port)
         head = [b"POST ", path, b" HTTP/1.1\r\nHost: ", host_header,

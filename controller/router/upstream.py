@@ -64,4 +64,9 @@ class Upstream(Protocol):
         ``message``); how many were open."""
         ...
 
+    def cut_all(self, message: str) -> int:
+        """End every connection now and start no request any more (each fails with
+        ``message``); how many were open."""
+        ...
+
     async def close(self) -> None: ...

@@ -263,6 +263,11 @@ async def test_cut_ends_every_connection_to_an_engine_now() -> None:
         assert client.cut(engine.url, "again") == 0
         assert (await client.post(other.url, b"{}", HEADERS)).status == 200
         assert other.connections == 1  # its idle connection was kept and reused
+        # Shutting down: the rest end, and no request starts any more.
+        assert client.cut_all("the controller is shutting down") == 1
+        with pytest.raises(UpstreamError, match="the controller is shutting down"):
+            await client.post(other.url, b"{}", HEADERS)
+        assert other.connections == 1
         await client.close()
 
 
