@@ -8,9 +8,9 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from tests.integration.harness import ControllerProc, Load, start_controller
@@ -18,40 +18,43 @@ from tests.integration.harness import ControllerProc, Load, start_controller
 pytestmark = pytest.mark.slow
 
 
-def hosts() -> dict[int, str]:
-    """pid -> command line of every sim host process on this machine."""
+def commands(ctl: ControllerProc) -> dict[int, str]:
+    """pid -> command line of every live process the controller started (its descendants:
+    other tests' or benchmarks' engines on this machine are not counted)."""
     out = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
+    for proc in psutil.Process(ctl.proc.pid).children(recursive=True):
         try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
+            out[proc.pid] = " ".join(proc.cmdline())
+        except psutil.Error:
             continue
-        if "controller.engines.sim.host" in cmd:
-            out[int(pid)] = cmd
     return out
 
 
-def engine_processes() -> int:
-    n = 0
-    for pid in os.listdir("/proc"):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        n += b"controller.engines.sim" in cmd
-    return n
+def hosts(ctl: ControllerProc) -> dict[int, str]:
+    """The controller's sim host processes."""
+    return {pid: cmd for pid, cmd in commands(ctl).items()
+            if "controller.engines.sim.host" in cmd}
+
+
+def engine_processes(ctl: ControllerProc) -> int:
+    """The controller's engine processes of their own (``python -m controller.engines.sim``)."""
+    return sum(cmd.split(" -m ", 1)[-1].split(" ", 1)[0] == "controller.engines.sim"
+               for cmd in commands(ctl).values())
 
 
 @pytest.fixture
 def ctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerProc]:
-    before = set(hosts())
     c = start_controller(tmp_path_factory.mktemp("simhost"), {
         "sim": {"processes": 2}, "pools": {"prefill": {"size": 1}, "decode": {"size": 2}}})
-    yield c
-    c.stop()
-    assert set(hosts()) <= before, "a sim host process outlived its controller"
+    started: set[int] = set()
+    try:
+        yield c
+        started = set(hosts(c))
+    finally:
+        c.stop()
+    assert not [p for p in started if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE], \
+        "a sim host process outlived its controller"
 
 
 def ready(ctl: ControllerProc, role: str) -> list[dict[str, object]]:
@@ -60,9 +63,9 @@ def ready(ctl: ControllerProc, role: str) -> list[dict[str, object]]:
 
 def test_hosted_engines_serve_scale_and_stop_with_no_failed_request(ctl: ControllerProc
                                                                    ) -> None:
-    mine = hosts()
+    mine = hosts(ctl)
     assert len(mine) == 2, mine  # three instances on two shared processes
-    assert engine_processes() == 0, "no instance runs as a process of its own"
+    assert engine_processes(ctl) == 0, "no instance runs as a process of its own"
     urls = {str(i["url"]) for r in ("prefill", "decode") for i in ready(ctl, r)}
     assert len(urls) == 3  # each on its own port
     with Load(ctl.url, workers=6, long_only=True) as load:
@@ -78,7 +81,7 @@ def test_hosted_engines_serve_scale_and_stop_with_no_failed_request(ctl: Control
     assert res.ok >= 20, res
     paths = [r["path"] for r in ctl.get("/requests?limit=200")]
     assert paths.count("disaggregated") >= 20, paths
-    assert len(hosts()) == 2 and len(ready(ctl, "decode")) == 1
+    assert len(hosts(ctl)) == 2 and len(ready(ctl, "decode")) == 1
     # Each engine's own metrics: the decode engine counts the KV it pulled from the prefill
     # engine of (maybe) the same process, the prefill counts the prompts it computed.
     [p] = ready(ctl, "prefill")
@@ -92,7 +95,7 @@ def test_hosted_engines_serve_scale_and_stop_with_no_failed_request(ctl: Control
 
 def test_a_host_that_dies_fails_its_instances_and_they_are_replaced(ctl: ControllerProc
                                                                    ) -> None:
-    [victim] = [pid for pid, _ in hosts().items()][:1]
+    [victim] = [pid for pid, _ in hosts(ctl).items()][:1]
     doomed = {str(i["id"]) for r in ("prefill", "decode") for i in ready(ctl, r)
               if i["pid"] is None}
     os.kill(victim, signal.SIGKILL)
@@ -104,4 +107,4 @@ def test_a_host_that_dies_fails_its_instances_and_they_are_replaced(ctl: Control
                for e in failed), failed
     ctl.wait_converged()
     assert len(ready(ctl, "prefill")) == 1 and len(ready(ctl, "decode")) == 2
-    assert victim not in hosts() and len(hosts()) == 2  # a fresh host took its place
+    assert victim not in hosts(ctl) and len(hosts(ctl)) == 2  # a fresh host took its place
