@@ -66,10 +66,19 @@ Maybe = Union[Value, SkipJsonSchema[None]]  # noqa: UP007 - `Value | ...`: no al
 _LEFT_OUT: Any = get_args(Maybe)[1]  # SkipJsonSchema[None], for the types built at run time
 
 
+def _takes_int(annotation: Any) -> bool:
+    """An ``int`` field, or one of ``int`` or left out (``Maybe[int]``), bounds aside."""
+    if annotation is int:
+        return True
+    return any(_takes_int(a) for a in get_args(annotation) if a is not type(None))
+
+
 class UpdateBody(BaseModel):
     """A PATCH body: only the fields to change, at least one; strict (a number as a string,
-    a float for an integer, a boolean for a number, an unknown field, an explicit null: all
-    refused); numbers finite and bounded (each field's bounds are its setting's)."""
+    a fractional number for an integer, a boolean for a number, an unknown field, an explicit
+    null: all refused); numbers finite and bounded (each field's bounds are its setting's).
+    An integer written with a zero fraction (``2.0``) is that integer, as JSON Schema's
+    ``integer`` says."""
 
     model_config = ConfigDict(extra="forbid", strict=True,
                               json_schema_extra={"minProperties": 1})
@@ -82,6 +91,10 @@ class UpdateBody(BaseModel):
             if nulls:
                 raise ValueError(f"{', '.join(nulls)}: null is not a value; leave the field "
                                  "out to keep it")
+            whole = {k: int(v) for k, v in data.items() if type(v) is float and v.is_integer()
+                     and k in cls.model_fields and _takes_int(cls.model_fields[k].annotation)}
+            if whole:
+                return {**data, **whole}
         return data
 
 

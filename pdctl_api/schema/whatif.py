@@ -21,12 +21,18 @@ class PoolChoice(UpdateBody):
     tp: Maybe[TensorParallel] = None
 
 
+class DecodeChoice(PoolChoice):
+    """The decode pool serves every request: a layout without one is no layout."""
+
+    size: Maybe[Annotated[int, Field(ge=1, le=10_000, description="instances in the pool")]] = None
+
+
 class WhatIfPools(UpdateBody):
     """``POST /api/v1/whatif/pools`` body: the pools as proposed (a pool or field left out
     stays as it is now) and how much recent traffic to play."""
 
     prefill: Maybe[PoolChoice] = None
-    decode: Maybe[PoolChoice] = None
+    decode: Maybe[DecodeChoice] = None
     minutes: Maybe[RecentMinutes] = None
 
 

@@ -321,7 +321,7 @@ def test_concurrent_pool_and_routing_changes_agree_everywhere(ctl: ControllerPro
 
 @pytest.mark.parametrize(("path", "body", "field"), [
     ("/pools/prefill", {"size": "2"}, "size"),
-    ("/pools/prefill", {"size": 2.0}, "size"),
+    ("/pools/prefill", {"size": 2.5}, "size"),  # 2.0 is the integer 2 (JSON Schema)
     ("/pools/prefill", {"size": True}, "size"),
     ("/pools/prefill", {"tp": "4"}, "tp"),
     ("/pools/prefill", {"size": -1}, "size"),

@@ -108,6 +108,20 @@ def test_dry_run_plans_a_scale_up_and_changes_nothing(
     assert unchanged(st) == before
 
 
+def test_an_integer_written_with_a_zero_fraction_is_that_integer(
+        app_state: tuple[TestClient, AppState]) -> None:
+    """JSON Schema's ``integer`` (what /openapi.json declares) includes 3.0: accepted as 3;
+    3.5, "3" and true stay refused."""
+    tc, st = app_state
+    whole = tc.patch("/api/v1/pools/decode?dry_run=true", json={"size": 3.0, "tp": 2.0})
+    exact = tc.patch("/api/v1/pools/decode?dry_run=true", json={"size": 3, "tp": 2})
+    assert whole.status_code == 200 and whole.json() == exact.json()
+    assert tc.patch("/api/v1/routing", json={"max_attempts": 3.0}).json()["max_attempts"] == 3
+    for bad in (3.5, "3", True):
+        r = tc.patch("/api/v1/pools/decode?dry_run=true", json={"size": bad})
+        assert r.status_code == 422 and "size" in r.json()["detail"], r.text
+
+
 def test_dry_run_of_a_scale_down_names_the_instance_to_drain(
         app_state: tuple[TestClient, AppState]) -> None:
     tc, st = app_state

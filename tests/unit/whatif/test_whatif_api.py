@@ -99,7 +99,7 @@ def test_a_later_change_elsewhere_supersedes_the_prediction(busy: App) -> None:
 
 @pytest.mark.parametrize(("body", "status", "says"), [
     ({"prefill": {"tp": 3}}, 422, "tp"),
-    ({"decode": {"size": 0}}, 422, "needs at least 1 instance"),
+    ({"decode": {"size": 0}}, 422, "greater than or equal to 1"),
     ({"decode": {}}, 422, "give size and/or tp"),
     ({"decode": {"size": 2}, "extra": 1}, 422, "extra"),
     ({"decode": {"size": "2"}}, 422, "valid integer"),
