@@ -47,21 +47,22 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def shutdown(self) -> None:
         """The server is shutting down. uvicorn closes an idle keep-alive connection at once,
-        so a request its client wrote just before is lost unanswered (the client reads a
-        reset). Here the connection is kept ``LINGER_S`` instead: a request that arrives
-        meanwhile is served, with ``Connection: close``."""
+        and a busy one right after its answer, so a request its client wrote meanwhile is
+        lost unanswered (the client reads a reset: HTTP/1.1's keep-alive race). Here a
+        connection is kept ``LINGER_S`` once idle instead: a request that arrives meanwhile
+        is answered, with ``Connection: close``."""
         self._closing = True
         if self.cycle is None or self.cycle.response_complete:
-            self.loop.call_later(LINGER_S, self._close_if_idle)
-        else:
-            self.cycle.keep_alive = False
+            self._linger()
+
+    def _linger(self) -> None:
+        self.loop.call_later(LINGER_S, self._close_if_idle)
 
     def _close_if_idle(self) -> None:
         if self.cycle is None or self.cycle.response_complete:
             if not self.transport.is_closing():
                 self.transport.close()
-        else:
-            self.cycle.keep_alive = False
+        # else: the request that came meanwhile is answered with Connection: close
 
     def _arm(self) -> None:
         self._disarm()
@@ -100,6 +101,8 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         self._disarm()  # the keep-alive timer takes over until the next request begins
         super().on_response_complete()
+        if self._closing and not self.transport.is_closing():
+            self._linger()
 
 
 def protocol_class(header_timeout_s: float) -> type[HeaderTimeoutProtocol]:

@@ -268,6 +268,11 @@ class H1Upstream:
             conn.cut(message)
         return len(conns)
 
+    @property
+    def closed(self) -> str | None:
+        """Why no request may start any more (``cut_all``); None while they may."""
+        return self._closed
+
     def cut_all(self, message: str) -> int:
         """The controller is going away: every connection ends now, as ``cut`` ends one
         engine's, and no request starts any more (each fails with ``message`` at once, so no

@@ -321,7 +321,10 @@ class Proxy(PullHandoff, PushHandoff):
                 inst = self._pick_colocated(ctx, tried | ctx.failed_decodes, tried)
             if inst is None and tried:
                 # Every ready decode instance was tried once (most could not be reached).
-                # Nothing went to the client yet, so try again after a pause, not fail.
+                # Nothing went to the client yet, so try again after a pause, not fail --
+                # unless the controller is shutting down: no request starts any more.
+                if self.upstream.closed is not None:
+                    break
                 await asyncio.sleep(RETRY_PAUSE_S * attempt)
                 tried = set()
                 inst = self._pick_colocated(ctx, ctx.failed_decodes, tried)

@@ -64,6 +64,11 @@ class Upstream(Protocol):
         ``message``); how many were open."""
         ...
 
+    @property
+    def closed(self) -> str | None:
+        """Why no request may start any more (``cut_all``); None while they may."""
+        ...
+
     def cut_all(self, message: str) -> int:
         """End every connection now and start no request any more (each fails with
         ``message``); how many were open."""

@@ -83,6 +83,28 @@ def varied_prompts(n: int) -> list[str]:
             for k in range(n)]
 
 
+def greedy_tokens(sdk: openai.OpenAI, model: str, prompt: str, max_tokens: int = 16,
+                  rid: str | None = None) -> list[int]:
+    """The token ids of ``prompt``'s completion at temperature 0 (the reference a path's
+    answer must equal token for token)."""
+    out = sdk.completions.create(
+        model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
+        extra_headers={"X-Request-Id": rid} if rid else None,
+        extra_body={**NO_EOS, "return_token_ids": True, "skip_special_tokens": False})
+    return list(out.choices[0].model_dump()["token_ids"])
+
+
+@contextmanager
+def colocated_only(lab: ControllerProc, threshold: int) -> Iterator[None]:
+    """Every request inside is served colocated (the routing threshold out of any prompt's
+    reach); ``threshold`` is restored after."""
+    lab.api("PATCH", "/routing", {"disagg_min_prompt_tokens": 100_000}).raise_for_status()
+    try:
+        yield
+    finally:
+        lab.api("PATCH", "/routing", {"disagg_min_prompt_tokens": threshold}).raise_for_status()
+
+
 def disaggregated_equals_colocated(lab: ControllerProc, sdk: openai.OpenAI, model: str,
                                    threshold: int, at_least: int | None = None) -> int:
     """Temperature 0, eight distinct prompts four at a time: every disaggregated answer is
@@ -93,11 +115,7 @@ def disaggregated_equals_colocated(lab: ControllerProc, sdk: openai.OpenAI, mode
 
     def ask(job: tuple[str, str]) -> tuple[list[int], str]:
         rid, prompt = job
-        out = sdk.completions.create(
-            model=model, prompt=prompt, max_tokens=16, temperature=0,
-            extra_headers={"X-Request-Id": rid},
-            extra_body={**NO_EOS, "return_token_ids": True, "skip_special_tokens": False})
-        return list(out.choices[0].model_dump()["token_ids"]), rid
+        return greedy_tokens(sdk, model, prompt, rid=rid), rid
 
     def run() -> list[tuple[list[int], str]]:
         tag = os.urandom(4).hex()
@@ -105,11 +123,8 @@ def disaggregated_equals_colocated(lab: ControllerProc, sdk: openai.OpenAI, mode
             return list(pool.map(ask, [(f"eq-{tag}-{k}", p) for k, p in enumerate(prompts)]))
 
     disagg = run()
-    lab.api("PATCH", "/routing", {"disagg_min_prompt_tokens": 100_000}).raise_for_status()
-    try:
+    with colocated_only(lab, threshold):
         coloc = run()
-    finally:
-        lab.api("PATCH", "/routing", {"disagg_min_prompt_tokens": threshold}).raise_for_status()
     records = {r["id"]: r for r in lab.get("/requests?limit=100")}
     paths = [records[rid]["path"] for _, rid in disagg]
     served = paths.count("disaggregated")

@@ -22,8 +22,10 @@ from tests.engine.checks import (
     MODEL,
     NO_EOS,
     START_S,
+    colocated_only,
     converged,
     disaggregated_equals_colocated,
+    greedy_tokens,
     lab_config,
     lab_model,
     varied_prompts,
@@ -330,15 +332,9 @@ def test_killed_prefill_engine_is_restarted_and_every_answer_is_the_requests_own
     answers: dict[int, list[int]] = {}
     failures: list[str] = []
 
-    def ask(k: int) -> list[int]:
-        out = sdk.completions.create(
-            model=MODEL, prompt=prompts[k], max_tokens=8, temperature=0,
-            extra_body={**NO_EOS, "return_token_ids": True, "skip_special_tokens": False})
-        return list(out.choices[0].model_dump()["token_ids"])
-
     def record(k: int) -> None:
         try:
-            answers[k] = ask(k)
+            answers[k] = greedy_tokens(sdk, MODEL, prompts[k], 8)
         except openai.OpenAIError as exc:
             failures.append(f"prompt {k}: {exc}")
 
@@ -352,11 +348,8 @@ def test_killed_prefill_engine_is_restarted_and_every_answer_is_the_requests_own
     lab.wait(lambda: any(i["id"] != victim["id"]
                          for i in lab.get("/instances?role=prefill&state=ready")),
              START_S, "the restarted prefill instance")
-    lab.api("PATCH", "/routing", {"disagg_min_prompt_tokens": 100_000}).raise_for_status()
-    try:
-        reference = {k: ask(k) for k in range(len(prompts))}  # colocated, one engine
-    finally:
-        lab.api("PATCH", "/routing", {"disagg_min_prompt_tokens": 128}).raise_for_status()
+    with colocated_only(lab, 128):  # the reference: each prompt on one engine
+        reference = {k: greedy_tokens(sdk, MODEL, p, 8) for k, p in enumerate(prompts)}
     wrong = [k for k in range(len(prompts)) if answers[k] != reference[k]]
     assert wrong == [], [(answers[k], reference[k]) for k in wrong]
     assert len({tuple(v) for v in reference.values()}) > 1  # the prompts differ in output

@@ -97,12 +97,9 @@ class Load:
     def __init__(self, url: str, workers: int = 6, max_tokens: int = 8,
                  model: str = "llama-3-70b", extra: dict[str, Any] | None = None,
                  timeout_s: float = 60.0, pause_s: float = 0.0,
-                 streaming: bool | None = None, long_only: bool = False,
-                 keepalive: bool = True) -> None:
+                 streaming: bool | None = None, long_only: bool = False) -> None:
         """``streaming``: None alternates streaming and not; ``long_only``: every prompt
-        long enough to go disaggregated; ``keepalive=False``: a new connection per request
-        (no request races a server closing an idle connection: HTTP/1.1's own race)."""
-        self.keepalive = keepalive
+        long enough to go disaggregated."""
         self.url, self.workers, self.max_tokens = url, workers, max_tokens
         self.streaming, self.long_only = streaming, long_only
         self.model, self.extra = model, extra or {}
@@ -147,8 +144,7 @@ class Load:
         return self.result
 
     async def _main(self) -> None:
-        limits = httpx.Limits(max_keepalive_connections=None if self.keepalive else 0)
-        async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits) as client:
+        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
             await asyncio.gather(*(self._worker(client, w) for w in range(self.workers)))
 
     async def _worker(self, client: httpx.AsyncClient, w: int) -> None:

@@ -48,9 +48,7 @@ def test_a_controller_restarted_under_load_serves_what_it_took_and_then_again(
     second = None
     try:
         pids = [int(i["pid"]) for i in first.get("/instances")]
-        # A connection per request: a request written to an idle keep-alive connection the
-        # server closes at that instant is lost by HTTP/1.1 itself, whatever the server does.
-        with Load(first.url, workers=6, max_tokens=48, timeout_s=60, keepalive=False) as load:
+        with Load(first.url, workers=6, max_tokens=48, timeout_s=60) as load:
             first.wait(lambda: load.result.ok >= 30, 60, "traffic before the restart")
             taken = load.result.ok
             took_s = terminate(first)
@@ -80,8 +78,9 @@ def test_a_controller_restarted_under_load_serves_what_it_took_and_then_again(
 def test_a_request_on_an_idle_connection_as_the_shutdown_begins_is_served(tmp_path: Path
                                                                           ) -> None:
     """HTTP/1.1's race: a client writes its next request on a keep-alive connection as the
-    server closes it, and gets a reset. The controller keeps an idle connection a moment at
-    shutdown (``listener.LINGER_S``) and serves what arrives on it, with Connection: close."""
+    server closes it, and gets a reset. At shutdown the controller keeps a connection a moment
+    once idle (``listener.LINGER_S``) and answers what arrives on it, with Connection: close
+    (the load tests above use keep-alive clients too)."""
     ctl = start_controller(tmp_path, {"pools": POOLS})
     try:
         host, port = ctl.url.removeprefix("http://").split(":")

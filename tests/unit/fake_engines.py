@@ -90,6 +90,7 @@ class FakeEngines:
     attempts: list[Call] = field(default_factory=list)
     # Per instance: connecting to it waits for the event (nothing is written before it is set).
     connecting: dict[str, asyncio.Event] = field(default_factory=dict)
+    closed: str | None = None  # Upstream.closed: never shutting down here
 
     def _call(self, url: str, payload: bytes, resend: bool) -> Call:
         u = httpx.URL(url)

@@ -45,6 +45,8 @@ class Answer:
 class FlakyEngine:
     """An upstream whose first connection attempt times out."""
 
+    closed = None  # Upstream.closed: never shutting down here
+
     def __init__(self) -> None:
         self.calls: list[str] = []
 
