@@ -21,7 +21,7 @@ class PoolChoice(UpdateBody):
     tp: Maybe[TensorParallel] = None
 
 
-class DecodeChoice(PoolChoice):
+class DecodePoolChoice(PoolChoice):
     """The decode pool serves every request: a layout without one is no layout."""
 
     size: Maybe[Annotated[int, Field(ge=1, le=10_000, description="instances in the pool")]] = None
@@ -32,7 +32,7 @@ class WhatIfPools(UpdateBody):
     stays as it is now) and how much recent traffic to play."""
 
     prefill: Maybe[PoolChoice] = None
-    decode: Maybe[DecodeChoice] = None
+    decode: Maybe[DecodePoolChoice] = None
     minutes: Maybe[RecentMinutes] = None
 
 
