@@ -62,15 +62,23 @@ def sim_engine(port: int, role: str, served: str | None = None, time_scale: floa
         stderr=subprocess.DEVNULL, start_new_session=True)
 
 
-def wait_healthy(url: str, timeout_s: float = 60.0) -> None:
+def wait_healthy(url: str, timeout_s: float = 60.0, path: str = "/health",
+                 proc: subprocess.Popen[bytes] | None = None, log: Path | None = None) -> None:
+    """Until ``GET url + path`` answers 200 (an engine's ``/health``, Streamlit's
+    ``/_stcore/health``). Fails after ``timeout_s``, or at once when ``proc`` has exited;
+    either failure shows ``log``'s text."""
+    def told(what: str) -> str:
+        return f"{url} {what}" + (f":\n{log.read_text(errors='replace')}" if log else "")
+
     deadline = time.monotonic() + timeout_s
     while True:
+        assert proc is None or proc.poll() is None, told("exited")
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
-        assert time.monotonic() < deadline, f"{url} did not come up"
+        assert time.monotonic() < deadline, told("did not come up")
         time.sleep(0.1)
 
 

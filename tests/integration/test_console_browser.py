@@ -15,11 +15,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from controller.cli.console import console_env, streamlit_argv
-from tests.integration.harness import ControllerProc, Load, free_port, start_controller
+from tests.integration.harness import (
+    ControllerProc,
+    Load,
+    free_port,
+    start_controller,
+    wait_healthy,
+)
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -57,16 +62,7 @@ def console_at(controller: ControllerProc, tmp_path: Path,
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, f"console exited:\n{log_path.read_text()}"
-            try:
-                if httpx.get(f"{url}/_stcore/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, f"console not up:\n{log_path.read_text()}"
-            time.sleep(0.2)
+        wait_healthy(url, 60, "/_stcore/health", proc, log_path)
         yield url
     finally:
         proc.terminate()

@@ -24,6 +24,7 @@ import openai
 import pytest
 
 from controller.launchers.process import free_port
+from tests.integration.harness import wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "llama-3-8b"
@@ -52,20 +53,11 @@ def launch(tmp: Path, name: str, role: str, *extra: str) -> Engine:
     return Engine(f"http://127.0.0.1:{port}", proc, log)
 
 
-def wait_healthy(engines: list[Engine], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    pending = list(engines)
-    while pending:
-        e = pending[0]
-        if e.proc.poll() is not None:
-            raise AssertionError(f"{e.url} exited: {e.log.read_text()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{e.url}/health", timeout=1.0).status_code == 200:
-                pending.pop(0)
-                continue
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{e.url} not healthy: {e.log.read_text()}")
-        time.sleep(0.05)
+def wait_started(engines: list[Engine], timeout_s: float = 20.0) -> None:
+    """Every engine healthy within ``timeout_s`` in all."""
+    deadline = time.monotonic() + timeout_s
+    for e in engines:
+        wait_healthy(e.url, deadline - time.monotonic(), proc=e.proc, log=e.log)
 
 
 def stop(e: Engine) -> None:
@@ -84,7 +76,7 @@ def engines(tmp: Path, *specs: tuple[str, str, list[str]]) -> Iterator[list[Engi
     try:
         for name, role, extra in specs:
             started.append(launch(tmp, name, role, *extra))
-        wait_healthy(started)
+        wait_started(started)
         yield started
     finally:
         for e in started:
@@ -257,7 +249,7 @@ def test_streaming_client_disconnect_frees_the_batch(fleet: Fleet) -> None:
 def test_sigterm_stops_the_engine_with_exit_0(tmp_path: Path) -> None:
     e = launch(tmp_path, "T", "both")
     try:
-        wait_healthy([e])
+        wait_started([e])
     finally:
         stop(e)
     assert e.proc.returncode == 0, e.log.read_text()

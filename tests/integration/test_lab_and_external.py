@@ -63,15 +63,7 @@ def test_lab_sim_starts_prints_and_stops_everything(tmp_path: Path) -> None:
         assert "prefill 2 x TP4, decode 3 x TP4" in out
         console = f"http://127.0.0.1:{console_port}"
         assert console in out
-        deadline = time.monotonic() + 60
-        while True:  # the console answers once Streamlit is up
-            try:
-                if httpx.get(f"{console}/_stcore/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "console did not come up"
-            time.sleep(0.5)
+        wait_healthy(console, 60, "/_stcore/health")  # the console, once Streamlit is up
         token = (state / "token").read_text().strip()
         assert oct((state / "token").stat().st_mode & 0o777) == "0o600"
         cluster = httpx.get(f"http://127.0.0.1:{port}/api/v1/cluster",
