@@ -46,6 +46,20 @@ EVENT_SQL = ("INSERT INTO events(ts, actor, kind, target, before, after, detail)
              "VALUES(?, ?, ?, ?, ?, ?, ?)")
 
 
+def _event(actor: str, kind: str, target: str, before: Any, after: Any, detail: str | None
+           ) -> dict[str, Any]:
+    """An audit event as ``Store.events`` returns it, stamped now; its id once stored."""
+    return {"id": None, "ts": time.time(), "actor": actor, "kind": kind, "target": target,
+            "before": before, "after": after, "detail": detail}
+
+
+def _insert(event: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
+    """The statement that appends ``event`` to the log."""
+    return EVENT_SQL, (event["ts"], event["actor"], event["kind"], event["target"],
+                       json.dumps(event["before"]), json.dumps(event["after"]),
+                       event["detail"])
+
+
 class Store:
     """Key/value JSON state plus an append-only event log."""
 
@@ -113,24 +127,17 @@ class Store:
                ) -> dict[str, Any]:
         """An operator's change: ``key`` set and its audit event appended together, or
         neither (``StateUnwritable``). The caller changes its own state only after."""
-        ts = time.time()
-        rowid = self._write([(PUT_SQL, (key, json.dumps(value))),
-                             (EVENT_SQL, (ts, actor, kind, target, json.dumps(before),
-                                          json.dumps(after), detail))])
-        return {"id": rowid, "ts": ts, "actor": actor, "kind": kind, "target": target,
-                "before": before, "after": after, "detail": detail}
+        event = _event(actor, kind, target, before, after, detail)
+        event["id"] = self._write([(PUT_SQL, (key, json.dumps(value))), _insert(event)])
+        return event
 
     def record(self, actor: str, kind: str, target: str, before: Any = None,
                after: Any = None, detail: str | None = None) -> dict[str, Any]:
         """Append one audit event and return it. What the fleet does goes on when it
         cannot be stored: the event is logged instead (its id None) and counted."""
-        ts = time.time()
-        event = {"id": None, "ts": ts, "actor": actor, "kind": kind, "target": target,
-                 "before": before, "after": after, "detail": detail}
+        event = _event(actor, kind, target, before, after, detail)
         try:
-            event["id"] = self._write([(EVENT_SQL, (ts, actor, kind, target,
-                                                    json.dumps(before), json.dumps(after),
-                                                    detail))])
+            event["id"] = self._write([_insert(event)])
         except StateUnwritable as exc:
             self.failed_writes += 1
             log.error("%s; event not stored: %s %s %s %s -> %s %s", exc, actor, kind, target,

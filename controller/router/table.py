@@ -24,7 +24,7 @@ from controller.router.policies import Policy, PromptBlocks, make_policy
 from controller.store import Store
 
 SUSPECT_S = 2.0  # an instance the router could not reach gets no new request this long
-Unreachable = Callable[[Instance, str], None]
+InstanceNote = Callable[[Instance, str], None]  # told of an instance, and why
 
 
 def _add(counts: dict[str, int], key: str, n: int) -> None:
@@ -104,8 +104,8 @@ class RoutingTable:
         # Requests waiting in the router for a prefill slot (routing.prefill_max_inflight),
         # first come first served: each future gets a lease on the instance it may use.
         self._waiters: deque[tuple[asyncio.Future[Lease], PromptBlocks | None]] = deque()
-        self.on_unreachable: Unreachable | None = None  # the fleet's, set when wired
-        self.on_failed: Unreachable | None = None  # the router's, set when wired
+        self.on_unreachable: InstanceNote | None = None  # the fleet's, set when wired
+        self.on_failed: InstanceNote | None = None  # the router's, set when wired
         self._reset_policies()
 
     def _stored(self, initial: RoutingSettings) -> RoutingSettings:
