@@ -260,7 +260,9 @@ class H1Upstream:
         with connections that would otherwise wait out the read timeout): every connection to
         it ends now, each exchange on one failing with ``message``. How many were open."""
         host, port, _, _ = _target(url)
-        key = (host, port)
+        return self._cut((host, port), message)
+
+    def _cut(self, key: tuple[str, int], message: str) -> int:
         self._idle.pop(key, None)
         conns = self._live.pop(key, set())
         for conn in conns:
@@ -278,7 +280,7 @@ class H1Upstream:
         engine's, and no request starts any more (each fails with ``message`` at once, so no
         retry outlives the shutdown). How many were open."""
         self._closed = message
-        return sum(self.cut(f"http://{host}:{port}/", message) for host, port in list(self._live))
+        return sum(self._cut(key, message) for key in list(self._live))
 
     def release(self, key: tuple[str, int], conn: _Conn) -> None:
         idle = self._idle.setdefault(key, [])
