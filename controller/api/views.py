@@ -152,7 +152,8 @@ def cluster_view(st: AppState) -> ClusterPublic:
         pools={r: pool_view(st, r) for r in Role},
         routing=st.table.settings,  # the routing settings are their own answer
         instances=instances_view(st, list(f.registry)),
-        time_scale=s.time_scale, state_problem=st.store.recheck())
+        time_scale=s.time_scale, state_problem=st.store.recheck(),
+        kv_lease_s=None if s.backend == "external" else float(s.kv.lease_s))
 
 
 def _ready_counts(table: RoutingTable) -> dict[Role, int]:

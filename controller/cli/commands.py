@@ -8,7 +8,7 @@ import importlib.metadata
 import sys
 from collections.abc import Callable
 
-from controller.cli import clients, console, make_model, plan, profile, replay, serve
+from controller.cli import clients, console, fault, make_model, plan, profile, replay, serve
 
 EPILOG = """\
 examples:
@@ -24,6 +24,7 @@ examples:
                                            replay a Mooncake/Azure trace, summary per class
   pdctl plan trace.jsonl --model llama-3.1-70b --accelerator h100-sxm --budget 32
                                            search layouts for a trace (simulated), best first
+  pdctl fault kill-prefill --reference     rehearse a fault under load, judge what clients saw
 """
 
 
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     clients.add_parsers(sub)
     replay.add_replay_parser(sub)
     plan.add_plan_parser(sub)
+    fault.add_fault_parser(sub)
     return p
 
 

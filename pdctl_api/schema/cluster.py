@@ -168,6 +168,10 @@ class ClusterPublic(Public):
     time_scale: float = Field(1.0, description=(
         "wall seconds per modelled second: sim.time_scale for simulated engines, 1 for real "
         "ones. Every time the API reports is wall time; modelled = wall / time_scale"))
+    kv_lease_s: float | None = Field(None, description=(
+        "how long a prefill engine keeps a finished request's KV blocks for the decode's "
+        "read (kv.lease_s); None where the controller does not set it (external engines) "
+        "or is older"))
     state_problem: str | None = Field(None, description=(
         "why the state directory cannot be written (its disk full, say), from the last "
         "failed write until one succeeds: operators' changes are refused with 503 meanwhile"))

@@ -5,9 +5,7 @@ hold at the end."""
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import signal
 import tempfile
 import threading
 import time
@@ -32,6 +30,7 @@ from bench.scenarios.soak.model import (
     judge,
     soak_config,
 )
+from controller.faults import inject
 
 SOAK_WORDS = "the prefill engine computes the prompt and the decode engine streams tokens".split()
 
@@ -48,35 +47,21 @@ def request_maker(url: str) -> Any:
     return make
 
 
-def ready_victims(ctl: ControllerProc, role: str) -> list[dict[str, Any]]:
-    return sorted((i for i in ctl.get("/instances", role=role)
-                   if i["state"] == "ready" and i.get("pid")), key=lambda i: i["id"])
-
-
-def inject(ctl: ControllerProc, kind: str, t: float) -> FaultDone:
-    """One fault, from the operator's side of the machine."""
-    role = "decode" if kind == "kill-decode" else "prefill"
+def inject_fault(ctl: ControllerProc, kind: str, t: float) -> FaultDone:
+    """One fault, from the operator's side of the machine (``controller.faults.inject``, as
+    ``pdctl fault`` injects it)."""
+    role = inject.ROLE[kind]
     if kind == "tp-change":
-        tp = ctl.get("/pools/prefill")["desired"]["tp"]
-        r = ctl.api("PATCH", "/pools/prefill", {"tp": 2 if tp == 1 else 1})
-        return FaultDone(t, kind, "prefill", f"TP {tp} -> {2 if tp == 1 else 1}: "
+        tp = ctl.get(f"/pools/{role}")["desired"]["tp"]
+        r = ctl.api("PATCH", f"/pools/{role}", {"tp": inject.other_tp(tp)})
+        return FaultDone(t, kind, role, f"TP {tp} -> {inject.other_tp(tp)}: "
                          f"{r.status_code} {r.text[:120] if r.status_code != 200 else ''}")
-    victims = ready_victims(ctl, role)
-    if not victims:
-        return FaultDone(t, kind, role, "no ready instance: skipped")
-    v = victims[0]
-    pid = int(v["pid"])
-    if kind.startswith("kill"):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        return FaultDone(t, kind, v["id"], f"SIGKILL pid {pid}")
-    os.kill(pid, signal.SIGSTOP)  # stall-prefill: past the KV lease
     try:
-        time.sleep(LEASE_S + 2)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
-    return FaultDone(t, kind, v["id"], f"SIGSTOP pid {pid} for {LEASE_S + 2} s, SIGCONT")
+        v = inject.victim(ctl.get("/instances"), role)
+    except inject.FaultRefused as exc:
+        return FaultDone(t, kind, role, f"skipped: {exc}")
+    detail = inject.kill(v) if kind.startswith("kill") else inject.stall(v, LEASE_S + 2)
+    return FaultDone(t, kind, str(v["id"]), detail)
 
 
 def held(ctl: ControllerProc) -> dict[str, int]:
@@ -113,7 +98,7 @@ def drive_soak(o: SoakOptions, ctl: ControllerProc, res: SoakResult) -> OpenLoop
                                           proc.memory_info().rss / 2**20, proc.num_fds()))
             next_sample += o.sample_every
         if now >= next_fault and now < t0 + o.duration - o.fault_every / 2:
-            done = inject(ctl, fault_at(k), round(now - t0, 1))
+            done = inject_fault(ctl, fault_at(k), round(now - t0, 1))
             print(f"  {done.t:7.1f} s  {done.kind:13s} {done.target}: {done.detail}",
                   flush=True)
             res.faults.append(done)

@@ -1,0 +1,354 @@
+"""``pdctl fault SCENARIO``: rehearse one fault against a running fleet (the simulated lab, the
+real CPU lab, a compose lab from inside its controller container) under a load of known
+prompts, and judge what that load's clients saw (``controller.faults.outcome``).
+
+It signals engine processes, so it runs on the host of the engines the controller started
+(local launcher). The load goes through the data plane like any client's; ``--reference``
+first asks every prompt once colocated at temperature 0 (the routing threshold is raised for
+that and restored: two audited routing changes) so that each answer under the fault can be
+compared with it token for token. Exit status: 0 every check passed, 1 one failed, 2 the
+fault could not be injected or the controller not reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from typing import Any
+
+import httpx
+import orjson
+
+from controller.cli.args import SubParsers, count_arg, positive_arg
+from controller.cli.clients import CliError, connect, connection_flags, describe
+from controller.faults import inject
+from controller.faults.outcome import (
+    EXPECTED_EVENTS,
+    HUNG,
+    Check,
+    Outcome,
+    Report,
+    nothing_held,
+    recorded,
+    recovered,
+    render,
+    same_answers,
+    served,
+    told,
+)
+from pdctl_api.client import ApiError, PdctlClient
+
+WORDS = ("the prefill engine computes the prompt and the decode engine streams tokens while "
+         "the cache moves between them").split()
+COLOCATED = 1_000_000  # a routing threshold no prompt reaches
+MAX_ROUNDS = 100  # the load sends each prompt at most this often, however long the fault
+
+
+def add_fault_parser(sub: SubParsers) -> None:
+    scenarios = "\n".join(f"  {k:14s} {v}" for k, v in inject.FAULTS.items())
+    p = sub.add_parser(
+        "fault", help="rehearse a fault under load and judge what clients saw",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Inject one fault into the running fleet while sending it a load of "
+                    "distinct prompts long enough to be disaggregated, then check: every "
+                    "request completed or got a clear error, none hung, every answered "
+                    "request is in the controller's records, nothing is held on an engine "
+                    "once the KV lease has run out, the fault is in the audit log, and the "
+                    "fleet can serve again. Run it on a lab or an idle fleet (other traffic "
+                    "keeps engines busy) on the host where the controller runs its engines.",
+        epilog=f"scenarios:\n{scenarios}\n\nexit status: 0 passed, 1 a check failed, "
+               "2 not injected (no ready instance, engines elsewhere, no controller)")
+    p.add_argument("scenario", choices=list(inject.FAULTS), metavar="SCENARIO",
+                   help=", ".join(inject.FAULTS))
+    p.add_argument("--requests", type=count_arg, default=24, help="prompts sent (default 24)")
+    p.add_argument("--concurrency", type=count_arg, default=4,
+                   help="requests in flight at once (default 4)")
+    p.add_argument("--max-tokens", type=count_arg, default=8,
+                   help="tokens per answer (default 8)")
+    p.add_argument("--reference", action="store_true",
+                   help="compare every answer with its prompt's colocated temperature-0 "
+                        "answer, asked first (changes the routing threshold for that, "
+                        "then restores it)")
+    p.add_argument("--stall-s", type=positive_arg, default=None,
+                   help="stall-prefill: seconds stopped (default: the KV lease + 2)")
+    p.add_argument("--recover-timeout", type=positive_arg, default=900.0,
+                   help="seconds to wait for the fleet to serve again (default 900: a real "
+                        "engine's restart takes minutes on a small CPU machine)")
+    p.add_argument("--api-key", default=os.environ.get("PDCTL_API_KEY"),
+                   help="the data plane's API key, where it has one (env PDCTL_API_KEY)")
+    connection_flags(p)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(run=run_fault)
+
+
+def run_fault(args: argparse.Namespace) -> int:
+    try:
+        with connect(args) as client:
+            report = rehearse(client, args, progress=lambda m: print(m, file=sys.stderr,
+                                                                     flush=True))
+    except (CliError, inject.FaultRefused) as exc:
+        print(f"pdctl fault: {exc}", file=sys.stderr)
+        return 2
+    except ApiError as exc:
+        print(f"pdctl fault: {describe(exc)}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"ok": report.ok, **asdict(report)}, indent=2))
+    else:
+        print(render(report))
+    return 0 if report.ok else 1
+
+
+def prompts(n: int, min_tokens: int, tag: str) -> list[str]:
+    """``n`` distinct prompts of at least ``min_tokens`` words (each word at least a token),
+    each opening with its own number so that no two share a cached prefix."""
+    return [f"{tag} request {k}: " + " ".join(WORDS[(k + j) % len(WORDS)]
+                                              for j in range(min_tokens + 4 * (k % 5)))
+            for k in range(n)]
+
+
+class DataClient:
+    """The load's client: one completion, judged as an ``Outcome``."""
+
+    def __init__(self, url: str, model: str, max_tokens: int, timeout_s: float,
+                 api_key: str | None) -> None:
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=url, headers=headers,
+                                 timeout=httpx.Timeout(timeout_s, connect=5.0))
+        self.model, self.max_tokens = model, max_tokens
+
+    def close(self) -> None:
+        self.http.close()
+
+    def ask(self, rid: str, k: int, prompt: str, stream: bool) -> Outcome:
+        body = {"model": self.model, "prompt": prompt, "max_tokens": self.max_tokens,
+                "temperature": 0, "stream": stream}
+        t0 = time.monotonic()
+
+        def done(text: str | None = None, error: str | None = None,
+                 answered: bool = True) -> Outcome:
+            return Outcome(rid, k, time.monotonic() - t0, text, error, answered)
+        try:
+            with self.http.stream("POST", "/v1/completions", json=body,
+                                  headers={"x-request-id": rid}) as r:
+                raw = r.read() if not stream or r.status_code != 200 else None
+                if r.status_code != 200:
+                    return done(error=_http_error(r.status_code, raw or b""))
+                if raw is not None:
+                    return _completion(raw, done)
+                return _streamed(r.iter_lines(), done)
+        except httpx.TimeoutException:
+            return done(error=HUNG, answered=False)
+        except httpx.HTTPError as exc:
+            return done(error=f"connection: {type(exc).__name__}: {exc}", answered=False)
+
+
+def _http_error(status: int, raw: bytes) -> str:
+    """``http N: message`` for an error in OpenAI's shape; anything else is not clear."""
+    try:
+        message = orjson.loads(raw)["error"]["message"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return f"unclear answer {status}: {raw[:120]!r}"
+    return f"http {status}: {str(message)[:160]}"
+
+
+def _completion(raw: bytes, done: Callable[..., Outcome]) -> Outcome:
+    try:
+        text = orjson.loads(raw)["choices"][0]["text"]
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        return done(error=f"unclear 200: {raw[:120]!r}")
+    return done(text=text)
+
+
+def _streamed(lines: Iterator[str], done: Callable[..., Outcome]) -> Outcome:
+    parts: list[str] = []
+    for line in lines:
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return done(text="".join(parts))
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return done(error=f"unclear stream event: {payload[:120]!r}")
+        if "error" in event:
+            return done(error=f"stream error event: {str(event['error'])[:160]}")
+        parts.extend(c.get("text") or "" for c in event.get("choices") or ())
+    return done(error="stream ended without [DONE]")
+
+
+def rehearse(client: PdctlClient, args: argparse.Namespace,
+             progress: Callable[[str], None]) -> Report:
+    cluster = client.cluster()
+    routing = cluster.routing
+    role = inject.ROLE[args.scenario]
+    victim = None if args.scenario == "tp-change" else inject.victim(
+        [i.model_dump() for i in cluster.instances], role)
+    target = role if victim is None else str(victim["id"])
+    lease = cluster.kv_lease_s or 30.0
+    asked = prompts(args.requests, routing.disagg_min_prompt_tokens, os.urandom(3).hex())
+    data = DataClient(client.base_url, cluster.model.served_name, args.max_tokens,
+                      routing.request_timeout_s + 30.0, args.api_key)
+    try:
+        reference = _reference(client, data, asked, routing.disagg_min_prompt_tokens,
+                               progress) if args.reference else None
+        progress(f"pdctl fault: {args.scenario} on {target} under {len(asked)} requests, "
+                 f"{args.concurrency} at a time")
+
+        def fault() -> str:
+            if victim is None:
+                return _tp_change(client, role, args.recover_timeout)
+            if args.scenario == "stall-prefill":
+                return inject.stall(victim, args.stall_s or lease + 2)
+            return inject.kill(victim)
+        outcomes, started, detail = _under_load(data, asked, args.concurrency, fault)
+    finally:
+        data.close()
+    report = Report(args.scenario, target, detail, started)
+    progress(f"pdctl fault: {detail}; judging what the clients saw")
+    report.checks.append(served(outcomes))
+    if reference is not None:
+        report.checks.append(same_answers(outcomes, reference))
+    report.checks.append(recorded(outcomes, *_records(client, outcomes)))
+    report.checks.append(_wait_ready(client, started, args.recover_timeout))
+    report.checks.append(nothing_held(_wait_idle(client, lease + 15.0)))
+    kinds = [e.kind for e in client.events(limit=1000, since=started - 1)
+             if e.target == target]
+    report.checks.append(told(kinds, EXPECTED_EVENTS[args.scenario], target))
+    return report
+
+
+def _reference(client: PdctlClient, data: DataClient, asked: list[str], threshold: int,
+               progress: Callable[[str], None]) -> dict[int, str]:
+    progress(f"pdctl fault: the reference: {len(asked)} prompts colocated at temperature 0")
+    client.set_routing({"disagg_min_prompt_tokens": COLOCATED})
+    try:
+        out = {}
+        for k, p in enumerate(asked):
+            o = data.ask(f"fault-ref-{os.urandom(4).hex()}-{k}", k, p, False)
+            if o.text is None:
+                raise CliError(f"the reference for prompt {k} failed: {o.error}")
+            out[k] = o.text
+        return out
+    finally:
+        client.set_routing({"disagg_min_prompt_tokens": threshold})
+
+
+def _under_load(data: DataClient, asked: list[str], concurrency: int,
+                fault: Callable[[], str]) -> tuple[list[Outcome], float, str]:
+    """``concurrency`` clients send the prompts in turn (every other request streamed), each
+    request with an id of its own; the fault is injected once a few answers are in. The load
+    goes on through the whole fault and until every prompt was sent at least once."""
+    tag = os.urandom(4).hex()
+    sent = itertools.count()
+    over = threading.Event()
+    outcomes: list[Outcome] = []
+    cap = len(asked) * MAX_ROUNDS
+
+    def client() -> None:
+        while (n := next(sent)) < cap and not (n >= len(asked) and over.is_set()):
+            k = n % len(asked)
+            outcomes.append(data.ask(f"fault-{tag}-{n}", k, asked[k], n % 2 == 1))
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        running = [pool.submit(client) for _ in range(concurrency)]
+        first = min(len(asked), max(2, concurrency))
+        while len(outcomes) < first and not all(f.done() for f in running):
+            time.sleep(0.05)
+        started = time.time()
+        try:
+            detail = fault()
+        finally:
+            over.set()
+        for f in running:
+            f.result()
+    return outcomes, started, detail
+
+
+def _tp_change(client: PdctlClient, role: str, timeout_s: float) -> str:
+    """The pool's TP changed (1 <-> 2), and the rolling change waited for."""
+    tp = client.pool(role).desired.tp
+    t0 = time.monotonic()
+    pool = client.set_pool(role, tp=inject.other_tp(tp))
+    while not pool.converged and time.monotonic() - t0 < timeout_s:
+        time.sleep(1.0)
+        pool = client.pool(role)
+    took = f"converged in {time.monotonic() - t0:.0f} s" if pool.converged else (
+        f"NOT converged after {timeout_s:g} s")
+    return f"TP {tp} -> {inject.other_tp(tp)}, {took}"
+
+
+def _records(client: PdctlClient, outcomes: list[Outcome], wait_s: float = 10.0
+             ) -> tuple[list[str], Counter[str]]:
+    """The answered requests the controller has no record of (``wait_s`` for the last
+    records to be written), and the paths the others were served on."""
+    missing = [o.rid for o in outcomes if o.answered]
+    paths: Counter[str] = Counter()
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = []
+        for rid in missing:
+            try:
+                paths[str(client.request(rid).path)] += 1
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                left.append(rid)
+        missing = left
+        if not missing or time.monotonic() > deadline:
+            return missing, paths
+        time.sleep(0.5)
+
+
+def _wait_ready(client: PdctlClient, started: float, timeout_s: float) -> Check:
+    """``/readyz`` answering 200 within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    why = ""
+    while True:
+        try:
+            r = httpx.get(f"{client.base_url}/readyz", timeout=5.0)
+            if r.status_code == 200:
+                return recovered(True, time.time() - started, "")
+            why = str(r.json().get("reason") or r.status_code)
+        except (httpx.HTTPError, ValueError) as exc:
+            why = f"/readyz: {exc}"
+        if time.monotonic() > deadline:
+            return recovered(False, time.time() - started,
+                             f"not ready {timeout_s:g} s after the load: {why}")
+        time.sleep(1.0)
+
+
+def _held(instances: list[Any]) -> dict[str, str]:
+    out = {}
+    for i in instances:
+        if i.state != "ready":
+            continue
+        what = []
+        if i.load.kv_handles_out:
+            what.append(f"{i.load.kv_handles_out} KV handles out")
+        if i.load.kv_cache_usage > 0:
+            what.append(f"KV cache use {i.load.kv_cache_usage:.1%}")
+        if what:
+            out[i.id] = ", ".join(what)
+    return out
+
+
+def _wait_idle(client: PdctlClient, timeout_s: float) -> dict[str, str]:
+    """What the ready instances still hold once ``timeout_s`` (the lease and a margin) has
+    passed; returns early when nothing is."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        held = _held(client.instances())
+        if not held or time.monotonic() > deadline:
+            return held
+        time.sleep(1.0)

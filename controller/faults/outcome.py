@@ -1,0 +1,121 @@
+"""What a fault rehearsal's clients saw, judged: each request's outcome, and the checks the
+rehearsal passes or fails, as data."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+#: An outcome's ``error`` starting with one of these is an error the client was told: an
+#: HTTP error answer in OpenAI's shape, or an error event ending a stream.
+CLEAR = ("http ", "stream error event")
+HUNG = "hung"  # no answer within the client's timeout
+
+
+@dataclass(frozen=True)
+class Outcome:
+    rid: str
+    prompt: int  # the prompt's index
+    latency_s: float
+    text: str | None = None  # the completion, when it succeeded
+    error: str | None = None  # what went wrong otherwise: "http 502: ...", "hung", ...
+    answered: bool = True  # an HTTP answer came (the controller saw the request)
+
+    @property
+    def clear(self) -> bool:
+        return self.error is not None and self.error.startswith(CLEAR)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class Report:
+    fault: str
+    target: str
+    detail: str
+    started: float  # unix time the fault was injected
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def add(self, name: str, ok: bool, detail: str) -> None:
+        self.checks.append(Check(name, ok, detail))
+
+
+def served(outcomes: Sequence[Outcome]) -> Check:
+    """Every request completed or got a clear error; none hung, none lost to a reset."""
+    ok = sum(1 for o in outcomes if o.error is None)
+    clear = Counter(o.error.split(":")[0] for o in outcomes if o.clear and o.error)
+    lost = Counter(o.error[:80] for o in outcomes if o.error and not o.clear)
+    told = ", ".join(f"{n} {k}" for k, n in sorted(clear.items()))
+    detail = (f"{ok} of {len(outcomes)} completed"
+              + (f"; clear errors: {told}" if told else "")
+              + (f"; LOST: {dict(lost)}" if lost else ""))
+    return Check("every request completed or got a clear error", not lost and ok > 0, detail)
+
+
+def same_answers(outcomes: Sequence[Outcome], reference: Mapping[int, str]) -> Check:
+    """Every completed answer equals its prompt's reference (temperature 0)."""
+    done = [o for o in outcomes if o.error is None]
+    wrong = [o.rid for o in done if reference.get(o.prompt) != o.text]
+    return Check("every answer is its prompt's reference (colocated, temperature 0)",
+                 not wrong and bool(done),
+                 f"{len(done) - len(wrong)} of {len(done)} equal"
+                 + (f"; DIFFER: {wrong[:5]}" if wrong else ""))
+
+
+def recorded(outcomes: Sequence[Outcome], missing: Sequence[str],
+             paths: Mapping[str, int]) -> Check:
+    """``paths``: how many of the records found were served on each path."""
+    answered = sum(1 for o in outcomes if o.answered)
+    served_on = ", ".join(f"{n} {k}" for k, n in sorted(paths.items()))
+    return Check("every answered request is in the controller's records", not missing,
+                 f"{answered - len(missing)} of {answered} found ({served_on or 'none'})"
+                 + (f"; MISSING: {list(missing)[:5]}" if missing else ""))
+
+
+def nothing_held(held: Mapping[str, str]) -> Check:
+    """``held``: instance -> what it still holds, once the lease has run out."""
+    return Check("nothing held on an engine afterwards", not held,
+                 "KV handles 0 and KV cache use 0 on every ready instance" if not held else
+                 "HELD: " + "; ".join(f"{k}: {v}" for k, v in sorted(held.items())))
+
+
+def told(kinds: Sequence[str], expected: Sequence[str], target: str) -> Check:
+    """The fault is in the audit log (the console's Events and incidents): one of
+    ``expected`` event kinds about ``target`` since it was injected."""
+    hit = [k for k in kinds if k in expected]
+    return Check("the fault is recorded (console events)", bool(hit),
+                 f"{', '.join(sorted(set(hit)))} on {target}" if hit else
+                 f"no {' or '.join(expected)} event on {target}; seen: "
+                 f"{', '.join(sorted(set(kinds))) or 'none'}")
+
+
+def recovered(ready: bool, after_s: float, why: str) -> Check:
+    return Check("the fleet can serve again (/readyz)", ready,
+                 f"ready {after_s:.0f} s after the fault" if ready else why)
+
+
+#: The events that say a fault happened, per fault.
+EXPECTED_EVENTS: dict[str, tuple[str, ...]] = {
+    "kill-prefill": ("instance.failed",),
+    "kill-decode": ("instance.failed",),
+    "stall-prefill": ("instance.failed", "kv.expired", "kv.after_expiry"),
+    "tp-change": ("pool.update",),
+}
+
+
+def render(report: Report) -> str:
+    lines = [f"fault: {report.fault} on {report.target}: {report.detail}"]
+    for c in report.checks:
+        lines.append(f"  {'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}")
+    lines.append("result: " + ("passed" if report.ok else "FAILED"))
+    return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""``pdctl fault``: the scenarios rehearsed one after another against one simulated fleet of
+engine processes, as an operator runs them, with the reference comparison on; each report
+passes every check and says what happened."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.harness import ControllerProc, free_port, start_controller
+
+FLEET = {"model": {"name": "llama-3-8b"},
+         "pools": {"prefill": {"size": 2, "tp": 1}, "decode": {"size": 2, "tp": 1}},
+         "kv": {"lease_s": 6}, "sim": {"processes": 0}}
+
+
+def fault(url: str, state_dir: Path, scenario: str, *extra: str
+          ) -> tuple[int, dict[str, Any], str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "controller.cli", "fault", scenario, "--controller", url,
+         "--state-dir", str(state_dir), "--json", *extra],
+        capture_output=True, text=True, timeout=300)
+    report = json.loads(out.stdout) if out.stdout.startswith("{") else {}
+    return out.returncode, report, out.stderr
+
+
+@pytest.fixture(scope="module")
+def ctl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerProc]:
+    c = start_controller(tmp_path_factory.mktemp("fault"), FLEET)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.mark.parametrize(("scenario", "role", "event"), [
+    ("kill-prefill", "prefill", "instance.failed"),
+    ("stall-prefill", "prefill", "instance.failed"),
+    ("kill-decode", "decode", "instance.failed"),
+    ("tp-change", "prefill", "pool.update"),
+])
+def test_each_scenario_rehearsed_passes_every_check(ctl: ControllerProc, scenario: str,
+                                                     role: str, event: str) -> None:
+    rc, report, err = fault(ctl.url, ctl.state_dir, scenario, "--reference",
+                            "--requests", "12")
+    assert rc == 0, (report, err)
+    checks = {c["name"].split(" ")[0] + " " + c["name"].split(" ")[1]: c
+              for c in report["checks"]}
+    assert len(checks) == 6 and all(c["ok"] for c in checks.values()), checks
+    assert report["target"].startswith(role), report
+    assert f"{event} on {report['target']}" in checks["the fault"]["detail"]
+    completed, sent = checks["every request"]["detail"].split(" completed")[0].split(" of ")
+    assert int(sent) >= 12, checks
+    assert checks["every answer"]["detail"].startswith(f"{completed} of {completed} equal")
+    assert "disaggregated" in checks["every answered"]["detail"]  # the load hit the fault's path
+    if scenario != "tp-change":  # the victim is failed; the controller said so
+        [failed] = ctl.get("/events?kind=instance.failed&limit=1")
+        assert failed["target"] == report["target"]
+
+
+def test_refused_when_it_cannot_be_injected(ctl: ControllerProc, tmp_path: Path) -> None:
+    rc, _, err = fault(f"http://127.0.0.1:{free_port()}", ctl.state_dir, "kill-decode")
+    assert rc == 2 and "cannot reach the controller" in err, err
+    rc, _, err = fault(ctl.url, tmp_path, "kill-decode")  # no token there
+    assert rc == 2 and "no API token" in err, err
+    out = subprocess.run([sys.executable, "-m", "controller.cli", "fault", "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert "stall-prefill" in out.stdout and "exit status" in out.stdout
