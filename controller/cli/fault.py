@@ -34,27 +34,27 @@ from controller.faults import inject
 from controller.faults.outcome import (
     EXPECTED_EVENTS,
     HUNG,
-    Check,
-    Outcome,
+    ClientOutcome,
+    FaultCheck,
     Report,
     nothing_held,
     recorded,
     recovered,
-    render,
+    render_report,
     same_answers,
     served,
     told,
 )
 from pdctl_api.client import ApiError, PdctlClient
 
-WORDS = ("the prefill engine computes the prompt and the decode engine streams tokens while "
+PROMPT_WORDS = ("the prefill engine computes the prompt and the decode engine streams tokens while "
          "the cache moves between them").split()
 COLOCATED = 1_000_000  # a routing threshold no prompt reaches
 MAX_ROUNDS = 100  # the load sends each prompt at most this often, however long the fault
 
 
 def add_fault_parser(sub: SubParsers) -> None:
-    scenarios = "\n".join(f"  {k:14s} {v}" for k, v in inject.FAULTS.items())
+    scenarios = "\n".join(f"  {k:14s} {v}" for k, v in inject.FAULT_SCENARIOS.items())
     p = sub.add_parser(
         "fault", help="rehearse a fault under load and judge what clients saw",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -67,8 +67,8 @@ def add_fault_parser(sub: SubParsers) -> None:
                     "keeps engines busy) on the host where the controller runs its engines.",
         epilog=f"scenarios:\n{scenarios}\n\nexit status: 0 passed, 1 a check failed, "
                "2 not injected (no ready instance, engines elsewhere, no controller)")
-    p.add_argument("scenario", choices=list(inject.FAULTS), metavar="SCENARIO",
-                   help=", ".join(inject.FAULTS))
+    p.add_argument("scenario", choices=list(inject.FAULT_SCENARIOS), metavar="SCENARIO",
+                   help=", ".join(inject.FAULT_SCENARIOS))
     p.add_argument("--requests", type=count_arg, default=24, help="prompts sent (default 24)")
     p.add_argument("--concurrency", type=count_arg, default=4,
                    help="requests in flight at once (default 4)")
@@ -78,6 +78,9 @@ def add_fault_parser(sub: SubParsers) -> None:
                    help="compare every answer with its prompt's colocated temperature-0 "
                         "answer, asked first (changes the routing threshold for that, "
                         "then restores it)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="ask for every answer's full --max-tokens (vLLM's ignore_eos: a "
+                        "lab model with random weights may end any answer at once)")
     p.add_argument("--stall-s", type=positive_arg, default=None,
                    help="stall-prefill: seconds stopped (default: the KV lease + 2)")
     p.add_argument("--recover-timeout", type=positive_arg, default=900.0,
@@ -93,7 +96,7 @@ def add_fault_parser(sub: SubParsers) -> None:
 def run_fault(args: argparse.Namespace) -> int:
     try:
         with connect(args) as client:
-            report = rehearse(client, args, progress=lambda m: print(m, file=sys.stderr,
+            report = rehearse_fault(client, args, progress=lambda m: print(m, file=sys.stderr,
                                                                      flush=True))
     except (CliError, inject.FaultRefused) as exc:
         print(f"pdctl fault: {exc}", file=sys.stderr)
@@ -104,39 +107,40 @@ def run_fault(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"ok": report.ok, **asdict(report)}, indent=2))
     else:
-        print(render(report))
+        print(render_report(report))
     return 0 if report.ok else 1
 
 
-def prompts(n: int, min_tokens: int, tag: str) -> list[str]:
+def fault_prompts(n: int, min_tokens: int, tag: str) -> list[str]:
     """``n`` distinct prompts of at least ``min_tokens`` words (each word at least a token),
     each opening with its own number so that no two share a cached prefix."""
-    return [f"{tag} request {k}: " + " ".join(WORDS[(k + j) % len(WORDS)]
+    return [f"{tag} request {k}: " + " ".join(PROMPT_WORDS[(k + j) % len(PROMPT_WORDS)]
                                               for j in range(min_tokens + 4 * (k % 5)))
             for k in range(n)]
 
 
 class DataClient:
-    """The load's client: one completion, judged as an ``Outcome``."""
+    """The load's client: one completion, judged as an ``ClientOutcome``."""
 
     def __init__(self, url: str, model: str, max_tokens: int, timeout_s: float,
-                 api_key: str | None) -> None:
+                 api_key: str | None, ignore_eos: bool = False) -> None:
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(base_url=url, headers=headers,
                                  timeout=httpx.Timeout(timeout_s, connect=5.0))
         self.model, self.max_tokens = model, max_tokens
+        self.extra = {"ignore_eos": True} if ignore_eos else {}
 
     def close(self) -> None:
         self.http.close()
 
-    def ask(self, rid: str, k: int, prompt: str, stream: bool) -> Outcome:
+    def ask(self, rid: str, k: int, prompt: str, stream: bool) -> ClientOutcome:
         body = {"model": self.model, "prompt": prompt, "max_tokens": self.max_tokens,
-                "temperature": 0, "stream": stream}
+                "temperature": 0, "stream": stream, **self.extra}
         t0 = time.monotonic()
 
         def done(text: str | None = None, error: str | None = None,
-                 answered: bool = True) -> Outcome:
-            return Outcome(rid, k, time.monotonic() - t0, text, error, answered)
+                 answered: bool = True) -> ClientOutcome:
+            return ClientOutcome(rid, k, time.monotonic() - t0, text, error, answered)
         try:
             with self.http.stream("POST", "/v1/completions", json=body,
                                   headers={"x-request-id": rid}) as r:
@@ -145,7 +149,7 @@ class DataClient:
                     return done(error=_http_error(r.status_code, raw or b""))
                 if raw is not None:
                     return _completion(raw, done)
-                return _streamed(r.iter_lines(), done)
+                return _read_stream(r.iter_lines(), done)
         except httpx.TimeoutException:
             return done(error=HUNG, answered=False)
         except httpx.HTTPError as exc:
@@ -161,7 +165,7 @@ def _http_error(status: int, raw: bytes) -> str:
     return f"http {status}: {str(message)[:160]}"
 
 
-def _completion(raw: bytes, done: Callable[..., Outcome]) -> Outcome:
+def _completion(raw: bytes, done: Callable[..., ClientOutcome]) -> ClientOutcome:
     try:
         text = orjson.loads(raw)["choices"][0]["text"]
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
@@ -169,7 +173,7 @@ def _completion(raw: bytes, done: Callable[..., Outcome]) -> Outcome:
     return done(text=text)
 
 
-def _streamed(lines: Iterator[str], done: Callable[..., Outcome]) -> Outcome:
+def _read_stream(lines: Iterator[str], done: Callable[..., ClientOutcome]) -> ClientOutcome:
     parts: list[str] = []
     for line in lines:
         if not line.startswith("data:"):
@@ -187,7 +191,7 @@ def _streamed(lines: Iterator[str], done: Callable[..., Outcome]) -> Outcome:
     return done(error="stream ended without [DONE]")
 
 
-def rehearse(client: PdctlClient, args: argparse.Namespace,
+def rehearse_fault(client: PdctlClient, args: argparse.Namespace,
              progress: Callable[[str], None]) -> Report:
     cluster = client.cluster()
     routing = cluster.routing
@@ -196,9 +200,9 @@ def rehearse(client: PdctlClient, args: argparse.Namespace,
         [i.model_dump() for i in cluster.instances], role)
     target = role if victim is None else str(victim["id"])
     lease = cluster.kv_lease_s or 30.0
-    asked = prompts(args.requests, routing.disagg_min_prompt_tokens, os.urandom(3).hex())
+    asked = fault_prompts(args.requests, routing.disagg_min_prompt_tokens, os.urandom(3).hex())
     data = DataClient(client.base_url, cluster.model.served_name, args.max_tokens,
-                      routing.request_timeout_s + 30.0, args.api_key)
+                      routing.request_timeout_s + 30.0, args.api_key, args.ignore_eos)
     try:
         reference = _reference(client, data, asked, routing.disagg_min_prompt_tokens,
                                progress) if args.reference else None
@@ -245,14 +249,14 @@ def _reference(client: PdctlClient, data: DataClient, asked: list[str], threshol
 
 
 def _under_load(data: DataClient, asked: list[str], concurrency: int,
-                fault: Callable[[], str]) -> tuple[list[Outcome], float, str]:
+                fault: Callable[[], str]) -> tuple[list[ClientOutcome], float, str]:
     """``concurrency`` clients send the prompts in turn (every other request streamed), each
     request with an id of its own; the fault is injected once a few answers are in. The load
     goes on through the whole fault and until every prompt was sent at least once."""
     tag = os.urandom(4).hex()
     sent = itertools.count()
     over = threading.Event()
-    outcomes: list[Outcome] = []
+    outcomes: list[ClientOutcome] = []
     cap = len(asked) * MAX_ROUNDS
 
     def client() -> None:
@@ -288,7 +292,7 @@ def _tp_change(client: PdctlClient, role: str, timeout_s: float) -> str:
     return f"TP {tp} -> {inject.other_tp(tp)}, {took}"
 
 
-def _records(client: PdctlClient, outcomes: list[Outcome], wait_s: float = 10.0
+def _records(client: PdctlClient, outcomes: list[ClientOutcome], wait_s: float = 10.0
              ) -> tuple[list[str], Counter[str]]:
     """The answered requests the controller has no record of (``wait_s`` for the last
     records to be written), and the paths the others were served on."""
@@ -310,7 +314,7 @@ def _records(client: PdctlClient, outcomes: list[Outcome], wait_s: float = 10.0
         time.sleep(0.5)
 
 
-def _wait_ready(client: PdctlClient, started: float, timeout_s: float) -> Check:
+def _wait_ready(client: PdctlClient, started: float, timeout_s: float) -> FaultCheck:
     """``/readyz`` answering 200 within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     why = ""

@@ -12,7 +12,7 @@ from typing import Any
 
 #: The faults, each a name the command line takes. A kill and a stall pick the ready instance
 #: of the role with the lowest id.
-FAULTS: dict[str, str] = {
+FAULT_SCENARIOS: dict[str, str] = {
     "kill-prefill": "SIGKILL a ready prefill engine's process tree (hops mid-transfer)",
     "kill-decode": "SIGKILL a ready decode engine's process tree (streams mid-flight)",
     "stall-prefill": "SIGSTOP a ready prefill engine past the KV lease, then SIGCONT",

@@ -14,7 +14,7 @@ HUNG = "hung"  # no answer within the client's timeout
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ClientOutcome:
     rid: str
     prompt: int  # the prompt's index
     latency_s: float
@@ -28,7 +28,7 @@ class Outcome:
 
 
 @dataclass(frozen=True)
-class Check:
+class FaultCheck:
     name: str
     ok: bool
     detail: str
@@ -40,17 +40,17 @@ class Report:
     target: str
     detail: str
     started: float  # unix time the fault was injected
-    checks: list[Check] = field(default_factory=list)
+    checks: list[FaultCheck] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return all(c.ok for c in self.checks)
 
     def add(self, name: str, ok: bool, detail: str) -> None:
-        self.checks.append(Check(name, ok, detail))
+        self.checks.append(FaultCheck(name, ok, detail))
 
 
-def served(outcomes: Sequence[Outcome]) -> Check:
+def served(outcomes: Sequence[ClientOutcome]) -> FaultCheck:
     """Every request completed or got a clear error; none hung, none lost to a reset."""
     ok = sum(1 for o in outcomes if o.error is None)
     clear = Counter(o.error.split(":")[0] for o in outcomes if o.clear and o.error)
@@ -59,48 +59,54 @@ def served(outcomes: Sequence[Outcome]) -> Check:
     detail = (f"{ok} of {len(outcomes)} completed"
               + (f"; clear errors: {told}" if told else "")
               + (f"; LOST: {dict(lost)}" if lost else ""))
-    return Check("every request completed or got a clear error", not lost and ok > 0, detail)
+    return FaultCheck("every request completed or got a clear error", not lost and ok > 0, detail)
 
 
-def same_answers(outcomes: Sequence[Outcome], reference: Mapping[int, str]) -> Check:
-    """Every completed answer equals its prompt's reference (temperature 0)."""
+def same_answers(outcomes: Sequence[ClientOutcome], reference: Mapping[int, str]) -> FaultCheck:
+    """Every completed answer equals its prompt's reference (temperature 0). A reference
+    that gives every prompt the same answer could not tell one request's output from
+    another's, so it fails too."""
     done = [o for o in outcomes if o.error is None]
     wrong = [o.rid for o in done if reference.get(o.prompt) != o.text]
-    return Check("every answer is its prompt's reference (colocated, temperature 0)",
-                 not wrong and bool(done),
-                 f"{len(done) - len(wrong)} of {len(done)} equal"
-                 + (f"; DIFFER: {wrong[:5]}" if wrong else ""))
+    distinct = len(set(reference.values()))
+    blind = len(reference) > 1 and distinct == 1
+    return FaultCheck("every answer is its prompt's reference (colocated, temperature 0)",
+                 not wrong and bool(done) and not blind,
+                 f"{len(done) - len(wrong)} of {len(done)} equal ({distinct} distinct "
+                 "references)" + (f"; DIFFER: {wrong[:5]}" if wrong else "")
+                 + ("; every prompt's reference is the same: it cannot tell answers apart"
+                    if blind else ""))
 
 
-def recorded(outcomes: Sequence[Outcome], missing: Sequence[str],
-             paths: Mapping[str, int]) -> Check:
+def recorded(outcomes: Sequence[ClientOutcome], missing: Sequence[str],
+             paths: Mapping[str, int]) -> FaultCheck:
     """``paths``: how many of the records found were served on each path."""
     answered = sum(1 for o in outcomes if o.answered)
     served_on = ", ".join(f"{n} {k}" for k, n in sorted(paths.items()))
-    return Check("every answered request is in the controller's records", not missing,
+    return FaultCheck("every answered request is in the controller's records", not missing,
                  f"{answered - len(missing)} of {answered} found ({served_on or 'none'})"
                  + (f"; MISSING: {list(missing)[:5]}" if missing else ""))
 
 
-def nothing_held(held: Mapping[str, str]) -> Check:
+def nothing_held(held: Mapping[str, str]) -> FaultCheck:
     """``held``: instance -> what it still holds, once the lease has run out."""
-    return Check("nothing held on an engine afterwards", not held,
+    return FaultCheck("nothing held on an engine afterwards", not held,
                  "KV handles 0 and KV cache use 0 on every ready instance" if not held else
                  "HELD: " + "; ".join(f"{k}: {v}" for k, v in sorted(held.items())))
 
 
-def told(kinds: Sequence[str], expected: Sequence[str], target: str) -> Check:
+def told(kinds: Sequence[str], expected: Sequence[str], target: str) -> FaultCheck:
     """The fault is in the audit log (the console's Events and incidents): one of
     ``expected`` event kinds about ``target`` since it was injected."""
     hit = [k for k in kinds if k in expected]
-    return Check("the fault is recorded (console events)", bool(hit),
+    return FaultCheck("the fault is recorded (console events)", bool(hit),
                  f"{', '.join(sorted(set(hit)))} on {target}" if hit else
                  f"no {' or '.join(expected)} event on {target}; seen: "
                  f"{', '.join(sorted(set(kinds))) or 'none'}")
 
 
-def recovered(ready: bool, after_s: float, why: str) -> Check:
-    return Check("the fleet can serve again (/readyz)", ready,
+def recovered(ready: bool, after_s: float, why: str) -> FaultCheck:
+    return FaultCheck("the fleet can serve again (/readyz)", ready,
                  f"ready {after_s:.0f} s after the fault" if ready else why)
 
 
@@ -113,7 +119,7 @@ EXPECTED_EVENTS: dict[str, tuple[str, ...]] = {
 }
 
 
-def render(report: Report) -> str:
+def render_report(report: Report) -> str:
     lines = [f"fault: {report.fault} on {report.target}: {report.detail}"]
     for c in report.checks:
         lines.append(f"  {'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}")

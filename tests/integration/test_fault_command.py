@@ -57,7 +57,8 @@ def test_each_scenario_rehearsed_passes_every_check(ctl: ControllerProc, scenari
     assert f"{event} on {report['target']}" in checks["the fault"]["detail"]
     completed, sent = checks["every request"]["detail"].split(" completed")[0].split(" of ")
     assert int(sent) >= 12, checks
-    assert checks["every answer"]["detail"].startswith(f"{completed} of {completed} equal")
+    assert checks["every answer"]["detail"].startswith(
+        f"{completed} of {completed} equal (12 distinct references)")
     assert "disaggregated" in checks["every answered"]["detail"]  # the load hit the fault's path
     if scenario != "tp-change":  # the victim is failed; the controller said so
         [failed] = ctl.get("/events?kind=instance.failed&limit=1")

@@ -11,27 +11,27 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli.fault import _completion, _http_error, _streamed, prompts
+from controller.cli.fault import _completion, _http_error, _read_stream, fault_prompts
 from controller.faults import inject
 from controller.faults.outcome import (
     HUNG,
-    Outcome,
+    ClientOutcome,
     Report,
     nothing_held,
     recorded,
-    render,
+    render_report,
     same_answers,
     served,
     told,
 )
 
 
-def ok(k: int, text: str = "abc") -> Outcome:
-    return Outcome(f"r{k}", k, 0.1, text=text)
+def ok(k: int, text: str = "abc") -> ClientOutcome:
+    return ClientOutcome(f"r{k}", k, 0.1, text=text)
 
 
-def failed(k: int, error: str, answered: bool = True) -> Outcome:
-    return Outcome(f"r{k}", k, 0.1, error=error, answered=answered)
+def failed(k: int, error: str, answered: bool = True) -> ClientOutcome:
+    return ClientOutcome(f"r{k}", k, 0.1, error=error, answered=answered)
 
 
 def test_clear_errors_pass_and_a_hang_or_reset_fails() -> None:
@@ -53,6 +53,8 @@ def test_an_answer_that_differs_from_its_reference_fails() -> None:
     assert same_answers([ok(0), ok(1, "xyz"), failed(2, "http 502: x")], reference).ok
     check = same_answers([ok(0), ok(1, "abc")], reference)
     assert not check.ok and "r1" in check.detail
+    blind = same_answers([ok(0), ok(1)], {0: "abc", 1: "abc"})
+    assert not blind.ok and "cannot tell answers apart" in blind.detail
 
 
 def test_a_request_missing_from_the_records_fails() -> None:
@@ -73,14 +75,14 @@ def test_anything_held_fails_and_the_fault_must_be_told() -> None:
 def test_the_report_fails_when_any_check_does() -> None:
     report = Report("kill-prefill", "prefill-1", "SIGKILL", 0.0)
     report.checks.append(served([ok(0)]))
-    assert report.ok and render(report).endswith("result: passed")
+    assert report.ok and render_report(report).endswith("result: passed")
     report.checks.append(nothing_held({"prefill-1": "KV cache use 3.0%"}))
-    assert not report.ok and "FAIL  nothing held" in render(report)
+    assert not report.ok and "FAIL  nothing held" in render_report(report)
 
 
 def done(text: str | None = None, error: str | None = None, answered: bool = True
-         ) -> Outcome:
-    return Outcome("r", 0, 0.0, text, error, answered)
+         ) -> ClientOutcome:
+    return ClientOutcome("r", 0, 0.0, text, error, answered)
 
 
 def test_answers_are_read_as_clients_read_them() -> None:
@@ -90,8 +92,8 @@ def test_answers_are_read_as_clients_read_them() -> None:
         "http 503: no ready decode"
     assert _http_error(500, b"Internal Server Error").startswith("unclear answer 500")
 
-    def events(lines: list[str]) -> Outcome:
-        return _streamed(iter(lines), done)
+    def events(lines: list[str]) -> ClientOutcome:
+        return _read_stream(iter(lines), done)
     assert events(['data: {"choices": [{"text": "a"}]}', "",
                    'data: {"choices": [{"text": "b"}]}', "data: [DONE]"]).text == "ab"
     assert events(['data: {"choices": [{"text": "a"}]}', 'data: {"error": {"m": 1}}']
@@ -101,7 +103,7 @@ def test_answers_are_read_as_clients_read_them() -> None:
 
 
 def test_prompts_are_distinct_and_over_the_threshold() -> None:
-    asked = prompts(6, 128, "t")
+    asked = fault_prompts(6, 128, "t")
     assert len(set(asked)) == 6
     assert all(len(p.split()) > 128 for p in asked)
     assert len({p.split(":")[0] for p in asked}) == 6  # no shared cached prefix
