@@ -16,6 +16,7 @@ import argparse
 import itertools
 import json
 import os
+import random
 import sys
 import threading
 import time
@@ -47,8 +48,9 @@ from controller.faults.outcome import (
 )
 from pdctl_api.client import ApiError, PdctlClient
 
-PROMPT_WORDS = ("the prefill engine computes the prompt and the decode engine streams tokens while "
-         "the cache moves between them").split()
+PROMPT_WORDS = ("prefill decode cache token batch stream queue block transfer router pool "
+                "kernel memory layer attention request alpha beta gamma delta sigma omega"
+                ).split()
 COLOCATED = 1_000_000  # a routing threshold no prompt reaches
 MAX_ROUNDS = 100  # the load sends each prompt at most this often, however long the fault
 
@@ -112,15 +114,21 @@ def run_fault(args: argparse.Namespace) -> int:
 
 
 def fault_prompts(n: int, min_tokens: int, tag: str) -> list[str]:
-    """``n`` distinct prompts of at least ``min_tokens`` words (each word at least a token),
-    each opening with its own number so that no two share a cached prefix."""
-    return [f"{tag} request {k}: " + " ".join(PROMPT_WORDS[(k + j) % len(PROMPT_WORDS)]
-                                              for j in range(min_tokens + 4 * (k % 5)))
-            for k in range(n)]
+    """``n`` prompts of at least ``min_tokens`` words (each word at least a token), each
+    opening with its own number so that no two share a cached prefix, and each a draw of its
+    own of numbered words: a small model with random weights gives different prompts different
+    answers only where they differ throughout."""
+    out = []
+    for k in range(n):
+        rng = random.Random(f"{tag}-{k}")
+        words = (f"{rng.choice(PROMPT_WORDS)}{rng.randint(0, 99)}"
+                 for _ in range(min_tokens + 4 * (k % 5)))
+        out.append(f"{tag} request {k}: " + " ".join(words))
+    return out
 
 
 class DataClient:
-    """The load's client: one completion, judged as an ``ClientOutcome``."""
+    """The load's client: one completion, judged as a ``ClientOutcome``."""
 
     def __init__(self, url: str, model: str, max_tokens: int, timeout_s: float,
                  api_key: str | None, ignore_eos: bool = False) -> None:

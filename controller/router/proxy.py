@@ -336,9 +336,13 @@ class Proxy(PullHandoff, PushHandoff):
             try:
                 return await self._hops.attempt(ctx, inst, payload, resend=True)
             except AttemptFailed:
-                if ctx.reached_failures >= MAX_REACHED_FAILURES:
+                if ctx.reached_failures >= MAX_REACHED_FAILURES or \
+                        self.upstream.closed is not None:
                     break
             inst = None
+        if self.upstream.closed is not None:  # not the fleet's failure: the controller's exit
+            raise NoInstanceAvailable(f"{self.upstream.closed}: the request was not served; "
+                                      "send it again")
         if ctx.errors:
             raise UpstreamUnreachable("no decode instance could serve the request: "
                                       + "; ".join(ctx.errors[-3:]))

@@ -135,7 +135,7 @@ def test_requests_outliving_the_shutdown_grace_end_with_an_error_they_can_read(
         ended = [f for f in res.failures if not f.startswith("ConnectError")]
         assert ended, "no request outlived the grace: the test proved nothing"
         unclear = [f for f in ended if "shutting down" not in f
-                   or not (f.startswith("502") or f.startswith("error event"))]
+                   or not (f.startswith("503") or f.startswith("error event"))]
         assert unclear == [], unclear
         assert SHUTDOWN_GRACE_S - 2 < took_s < SHUTDOWN_GRACE_S + 20, took_s
     finally:

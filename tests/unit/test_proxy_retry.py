@@ -94,3 +94,27 @@ async def test_a_request_cancelled_during_its_prefill_hop_is_recorded_disaggrega
     await asyncio.sleep(0.05)
     assert table.inflight("prefill-1") == 0
     assert table.inflight("decode-1") == 0
+
+
+async def test_a_request_cut_by_the_controllers_shutdown_gets_503_and_is_not_retried(
+        tmp_path: Path) -> None:
+    """The connection cut as the controller shuts down: not the fleet's failure (502) but
+    the service going away (503, send it again); no other instance is tried."""
+    settings, table = make_table(tmp_path, prefill=0, decode=2)
+
+    class ShuttingDown(FlakyEngine):
+        closed: str | None = None
+
+        async def open(self, url: str, payload: bytes, headers: Mapping[str, str],
+                       resend: bool = True, on_sent: Callable[[], None] | None = None
+                       ) -> Answer:
+            self.calls.append(url)
+            self.closed = "the controller is shutting down"
+            raise UpstreamError(f"{url}: the controller is shutting down", sent=True)
+
+    upstream = ShuttingDown()
+    proxy = Proxy(settings, table, upstream, EstimatingCounter(), RequestLog(100), Metrics())
+    served = await serve(proxy, b'{"prompt": "hi", "max_tokens": 2}')
+    assert served.status == 503, served.body
+    assert b"the controller is shutting down" in served.body
+    assert b"service_unavailable" in served.body and len(upstream.calls) == 1
