@@ -261,6 +261,22 @@ def test_the_console_renders_live_figures_in_chromium(compose: Compose, lab: Pdc
     assert traffic.errors == []
 
 
+def test_pdctl_fault_rehearses_a_killed_prefill_inside_the_controller_container(
+        compose: Compose, lab: PdctlClient) -> None:
+    """``pdctl fault`` where an operator of the compose lab runs it: in the controller's
+    container, which holds the engines' processes and the state directory's token."""
+    victim = [i.id for i in lab.instances("prefill") if i.state == "ready"]
+    out = compose("exec", "-T", "controller", "pdctl", "fault", "kill-prefill",
+                  "--state-dir", "/var/lib/pdctl", "--reference", "--ignore-eos",
+                  "--requests", "8", "--concurrency", "2", "--recover-timeout", str(READY_S),
+                  "--json", timeout=READY_S + 600, check=False)
+    report = json.loads(out.stdout) if out.stdout.startswith("{") else {}
+    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
+    assert [report["target"]] == victim and len(report["checks"]) == 6, report
+    failed = lab.events(kind="instance.failed", limit=5)
+    assert failed and failed[0].target == victim[0], failed
+
+
 def test_a_pool_change_survives_a_restart_of_the_controller(compose: Compose,
                                                             lab: PdctlClient) -> None:
     """Prefill 1 -> 0 through the API; after ``restart controller`` the desired size is 0,
