@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -38,6 +39,7 @@ from controller.faults.outcome import (
     ClientOutcome,
     FaultCheck,
     Report,
+    full_disk_told,
     nothing_held,
     recorded,
     recovered,
@@ -85,6 +87,11 @@ def add_fault_parser(sub: SubParsers) -> None:
                         "lab model with random weights may end any answer at once)")
     p.add_argument("--stall-s", type=positive_arg, default=None,
                    help="stall-prefill: seconds stopped (default: the KV lease + 2)")
+    p.add_argument("--hold-s", type=positive_arg, default=10.0,
+                   help="fill-disk: seconds the disk stays full (default 10)")
+    p.add_argument("--max-fill-mb", type=positive_arg, default=1024.0,
+                   help="fill-disk: the largest file system it fills, MiB (default 1024): "
+                        "it refuses to fill the machine's own disk")
     p.add_argument("--recover-timeout", type=positive_arg, default=900.0,
                    help="seconds to wait for the fleet to serve again (default 900: a real "
                         "engine's restart takes minutes on a small CPU machine)")
@@ -200,13 +207,16 @@ def _read_stream(lines: Iterator[str], done: Callable[..., ClientOutcome]) -> Cl
 
 
 def rehearse_fault(client: PdctlClient, args: argparse.Namespace,
-             progress: Callable[[str], None]) -> Report:
+                   progress: Callable[[str], None]) -> Report:
     cluster = client.cluster()
     routing = cluster.routing
     role = inject.ROLE[args.scenario]
-    victim = None if args.scenario == "tp-change" else inject.victim(
+    victim = None if args.scenario in ("tp-change", "fill-disk") else inject.victim(
         [i.model_dump() for i in cluster.instances], role)
     target = role if victim is None else str(victim["id"])
+    if args.scenario == "fill-disk":
+        target = str(_state_dir(args.state_dir))
+    extra: list[FaultCheck] = []
     lease = cluster.kv_lease_s or 30.0
     asked = fault_prompts(args.requests, routing.disagg_min_prompt_tokens, os.urandom(3).hex())
     data = DataClient(client.base_url, cluster.model.served_name, args.max_tokens,
@@ -218,6 +228,8 @@ def rehearse_fault(client: PdctlClient, args: argparse.Namespace,
                  f"{args.concurrency} at a time")
 
         def fault() -> str:
+            if args.scenario == "fill-disk":
+                return _fill_disk(client, Path(target), args, extra)
             if victim is None:
                 return _tp_change(client, role, args.recover_timeout)
             if args.scenario == "stall-prefill":
@@ -234,10 +246,49 @@ def rehearse_fault(client: PdctlClient, args: argparse.Namespace,
     report.checks.append(recorded(outcomes, *_records(client, outcomes)))
     report.checks.append(_wait_ready(client, started, args.recover_timeout))
     report.checks.append(nothing_held(_wait_idle(client, lease + 15.0)))
-    kinds = [e.kind for e in client.events(limit=1000, since=started - 1)
-             if e.target == target]
-    report.checks.append(told(kinds, EXPECTED_EVENTS[args.scenario], target))
+    if args.scenario in EXPECTED_EVENTS:
+        kinds = [e.kind for e in client.events(limit=1000, since=started - 1)
+                 if e.target == target]
+        report.checks.append(told(kinds, EXPECTED_EVENTS[args.scenario], target))
+    report.checks.extend(extra)
     return report
+
+
+def _state_dir(path: Path) -> Path:
+    if not (path / "state.db").is_file():
+        raise inject.FaultRefused(f"{path} is not the controller's state directory (no "
+                                  "state.db): give it with --state-dir")
+    return path
+
+
+def _same_routing_write(client: PdctlClient) -> str | None:
+    """A routing change to the value it has (an audited write, nothing changed): None when
+    it was taken, else the refusal."""
+    threshold = client.routing().disagg_min_prompt_tokens
+    try:
+        client.set_routing({"disagg_min_prompt_tokens": threshold})
+    except ApiError as exc:
+        if exc.status is None:
+            raise
+        return f"{exc.status}: {exc.detail}"
+    return None
+
+
+def _fill_disk(client: PdctlClient, state_dir: Path, args: argparse.Namespace,
+               extra: list[FaultCheck]) -> str:
+    """The state directory's file system filled for ``--hold-s``, an operator's change
+    tried meanwhile and after, and what ``/cluster`` said."""
+    ballast = inject.fill(state_dir, int(args.max_fill_mb * 2**20))
+    try:
+        t0 = time.monotonic()
+        size = ballast.stat().st_size
+        refused = _same_routing_write(client)
+        problem = client.cluster().state_problem
+        time.sleep(max(0.0, args.hold_s - (time.monotonic() - t0)))
+    finally:
+        ballast.unlink(missing_ok=True)
+    extra.append(full_disk_told(refused, problem, _same_routing_write(client)))
+    return f"{size / 2**20:.1f} MiB written to {ballast} and held {args.hold_s:g} s, then removed"
 
 
 def _reference(client: PdctlClient, data: DataClient, asked: list[str], threshold: int,

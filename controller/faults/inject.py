@@ -4,11 +4,13 @@ process tree (which must run on this host) and a rolling TP change through the A
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 #: The faults, each a name the command line takes. A kill and a stall pick the ready instance
 #: of the role with the lowest id.
@@ -17,9 +19,13 @@ FAULT_SCENARIOS: dict[str, str] = {
     "kill-decode": "SIGKILL a ready decode engine's process tree (streams mid-flight)",
     "stall-prefill": "SIGSTOP a ready prefill engine past the KV lease, then SIGCONT",
     "tp-change": "a rolling TP change of the prefill pool (1 <-> 2) under load",
+    "fill-disk": "fill the state directory's file system (--state-dir: a small one of its "
+                 "own) for --hold-s, then free it",
 }
 ROLE = {"kill-prefill": "prefill", "kill-decode": "decode", "stall-prefill": "prefill",
-        "tp-change": "prefill"}
+        "tp-change": "prefill", "fill-disk": "controller"}
+BALLAST = ".pdctl-fault-ballast"  # the file that fills the state directory's disk
+CHUNK = 1 << 16
 
 
 class FaultRefused(Exception):
@@ -81,3 +87,37 @@ def stall(v: Mapping[str, Any], seconds: float,
 
 def other_tp(tp: int) -> int:
     return 2 if tp == 1 else 1
+
+
+def fill(directory: Path, max_bytes: int) -> Path:
+    """A file in ``directory`` taking every free byte of its file system; ``FaultRefused``
+    when that file system is larger than ``max_bytes`` (filling it would fill the machine's
+    disk) or is not writable."""
+    st = os.statvfs(directory)
+    size = st.f_blocks * st.f_frsize
+    if size > max_bytes:
+        raise FaultRefused(
+            f"{directory} is on a file system of {size / 2**20:,.0f} MiB, over the "
+            f"{max_bytes / 2**20:,.0f} MiB this fault fills (--max-fill-mb): filling it would "
+            "fill the machine's disk. Rehearse a full disk with the controller's state "
+            "directory on a small file system of its own (e.g. mount -t tmpfs -o size=64m "
+            "tmpfs DIR before the controller starts)")
+    ballast = directory / BALLAST
+    zeros = b"\0" * CHUNK
+    try:
+        with ballast.open("wb", buffering=0) as f:  # unbuffered: a failed write leaves nothing
+            for n in (CHUNK, 1):  # whole chunks, then the last bytes
+                _write_until_full(f, zeros[:n])
+    except OSError as exc:
+        ballast.unlink(missing_ok=True)
+        raise FaultRefused(f"cannot fill {directory}: {exc}") from None
+    return ballast
+
+
+def _write_until_full(f: BinaryIO, data: bytes) -> None:
+    try:
+        while f.write(data):
+            pass
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise

@@ -110,7 +110,20 @@ def recovered(ready: bool, after_s: float, why: str) -> FaultCheck:
                  f"ready {after_s:.0f} s after the fault" if ready else why)
 
 
-#: The events that say a fault happened, per fault.
+def full_disk_told(refused: str | None, problem: str | None, after: str | None
+                   ) -> FaultCheck:
+    """While the state disk was full an operator's change was refused with 503 (nothing
+    changed, as it could not be recorded) and ``/cluster`` said why; once it had room, the
+    same change was taken. ``refused``/``after``: the refusal, None when taken."""
+    ok = bool(refused and refused.startswith("503") and problem) and after is None
+    return FaultCheck(
+        "the full disk is told and refuses changes while it lasts", ok,
+        f"a change while full: {refused or 'TAKEN'}; /cluster state_problem: "
+        f"{problem or 'NONE'}; the same change after: {after or 'taken'}")
+
+
+#: The events that say a fault happened, per fault (fill-disk: none can be written while
+#: it lasts; ``full_disk_told`` judges it).
 EXPECTED_EVENTS: dict[str, tuple[str, ...]] = {
     "kill-prefill": ("instance.failed",),
     "kill-decode": ("instance.failed",),

@@ -5,6 +5,7 @@ and a load generator that counts every client-visible failure."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import threading
@@ -21,7 +22,8 @@ from bench import fleet
 from bench.fleet import ControllerProc, free_port
 
 __all__ = ["LONG_PROMPT", "SHORT_PROMPT", "ControllerProc", "Load", "LoadResult", "base_config",
-           "engine_metric", "free_port", "sim_engine", "start_controller", "wait_healthy"]
+           "engine_metric", "free_port", "pdctl_fault", "sim_engine", "start_controller",
+           "wait_healthy"]
 
 LONG_PROMPT = "the quick brown fox jumps over the lazy dog " * 60  # ~660 tokens: disaggregated
 SHORT_PROMPT = "hello there"  # colocated
@@ -198,3 +200,15 @@ class Load:
         if '"error"' in text:
             return f"error event: {text[-300:]}"
         return None if text.rstrip().endswith("data: [DONE]") else f"no [DONE]: {text[-200:]}"
+
+
+def pdctl_fault(url: str, state_dir: Path, scenario: str, *extra: str
+                ) -> tuple[int, dict[str, Any], str]:
+    """``pdctl fault SCENARIO --json`` against ``url`` as an operator runs it: its exit
+    status, its report (empty when it printed none) and its stderr."""
+    out = subprocess.run(
+        [sys.executable, "-m", "controller.cli", "fault", scenario, "--controller", url,
+         "--state-dir", str(state_dir), "--json", *extra],
+        capture_output=True, text=True, timeout=600)
+    report = json.loads(out.stdout) if out.stdout.startswith("{") else {}
+    return out.returncode, report, out.stderr

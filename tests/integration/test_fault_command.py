@@ -4,30 +4,19 @@ passes every check and says what happened."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.integration.harness import ControllerProc, free_port, start_controller
+from tests.integration.harness import pdctl_fault as fault
 
 FLEET = {"model": {"name": "llama-3-8b"},
          "pools": {"prefill": {"size": 2, "tp": 1}, "decode": {"size": 2, "tp": 1}},
          "kv": {"lease_s": 6}, "sim": {"processes": 0}}
-
-
-def fault(url: str, state_dir: Path, scenario: str, *extra: str
-          ) -> tuple[int, dict[str, Any], str]:
-    out = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "fault", scenario, "--controller", url,
-         "--state-dir", str(state_dir), "--json", *extra],
-        capture_output=True, text=True, timeout=300)
-    report = json.loads(out.stdout) if out.stdout.startswith("{") else {}
-    return out.returncode, report, out.stderr
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.harness import LONG_PROMPT, start_controller
+from tests.integration.harness import LONG_PROMPT, pdctl_fault, start_controller
 
 pytestmark = pytest.mark.slow
 
@@ -95,5 +95,26 @@ def test_a_full_state_disk_refuses_changes_and_serves_clients(tmp_path: Path,
         assert metric(ctl.url, "pdctl_state_writable") == 1
         kinds = [e["kind"] for e in ctl.get("/events", limit=1000)]
         assert len(kinds) == events + 1 and kinds[0] == "routing.update"
+    finally:
+        ctl.stop()
+
+
+def test_pdctl_fault_fill_disk_is_rehearsed_on_a_small_state_disk(tmp_path: Path,
+                                                                   small_disk: Path) -> None:
+    """``pdctl fault fill-disk`` fills the controller's state disk under load: clients are
+    served, a change meanwhile is refused with 503 and told in /cluster, and taken after."""
+    ctl = start_controller(tmp_path, {"model": {"name": "llama-3-8b"}})
+    try:
+        rc, _, err = pdctl_fault(ctl.url, small_disk, "fill-disk", "--max-fill-mb", "8")
+        assert rc == 2 and "over the 8 MiB" in err, err  # 16 MiB: not a disk it may fill
+        rc, report, err = pdctl_fault(ctl.url, small_disk, "fill-disk", "--requests", "12",
+                                      "--hold-s", "3")
+        assert rc == 0, (report, err)
+        assert [c["ok"] for c in report["checks"]] == [True] * 5, report
+        told = report["checks"][-1]
+        assert told["name"].startswith("the full disk is told"), told
+        assert "while full: 503" in told["detail"] and "after: taken" in told["detail"]
+        assert not (small_disk / ".pdctl-fault-ballast").exists()
+        assert ctl.get("/cluster")["state_problem"] is None
     finally:
         ctl.stop()
