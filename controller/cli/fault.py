@@ -2,8 +2,8 @@
 real CPU lab, a compose lab from inside its controller container) under a load of known
 prompts, and judge what that load's clients saw (``controller.faults.outcome``).
 
-It signals engine processes, so it runs on the host of the engines the controller started
-(local launcher). The load goes through the data plane like any client's; ``--reference``
+It signals engine processes (or fills the state directory's disk), so it runs on the host of
+the engines the controller started (local launcher). The load goes through the data plane like any client's; ``--reference``
 first asks every prompt once colocated at temperature 0 (the routing threshold is raised for
 that and restored: two audited routing changes) so that each answer under the fault can be
 compared with it token for token. Exit status: 0 every check passed, 1 one failed, 2 the

@@ -17,6 +17,7 @@ from controller.faults.outcome import (
     HUNG,
     ClientOutcome,
     Report,
+    full_disk_told,
     nothing_held,
     recorded,
     render_report,
@@ -144,3 +145,17 @@ def test_a_stall_continues_the_engine_however_its_wait_ends() -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_full_disk_must_refuse_a_change_say_why_and_take_it_after() -> None:
+    assert full_disk_told("503: state cannot be written", "disk full", None).ok
+    assert not full_disk_told(None, "disk full", None).ok  # taken while full
+    assert not full_disk_told("503: x", None, None).ok  # /cluster did not say
+    assert not full_disk_told("503: x", "disk full", "503: still full").ok  # not after
+    assert not full_disk_told("500: x", "disk full", None).ok
+
+
+def test_a_disk_over_the_limit_is_never_filled(tmp_path: Path) -> None:
+    with pytest.raises(inject.FaultRefused, match="over the 1 MiB"):
+        inject.fill(tmp_path, 2**20)
+    assert not (tmp_path / inject.BALLAST).exists()
