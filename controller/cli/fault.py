@@ -2,40 +2,39 @@
 real CPU lab, a compose lab from inside its controller container) under a load of known
 prompts, and judge what that load's clients saw (``controller.faults.outcome``).
 
-It signals engine processes (or fills the state directory's disk), so it runs on the host of
-the engines the controller started (local launcher). The load goes through the data plane like any client's; ``--reference``
-first asks every prompt once colocated at temperature 0 (the routing threshold is raised for
-that and restored: two audited routing changes) so that each answer under the fault can be
-compared with it token for token. Exit status: 0 every check passed, 1 one failed, 2 the
-fault could not be injected or the controller not reached.
+Kills and stalls signal engine processes, and ``fill-disk`` fills the state directory's
+disk, so it runs on the host of the engines the controller started (local launcher);
+``restart-controller`` runs the operator's own restart command. The load goes through the
+data plane like any client's. ``--reference`` first asks every prompt once colocated at
+temperature 0 (the routing threshold is raised for that and restored: two audited routing
+changes), so that each answer under the fault can be compared with it token for token.
+Exit status: 0 every check passed, 1 one failed, 2 the fault could not be injected or the
+controller not reached.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import contextlib
 import json
 import os
-import random
+import subprocess
 import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 
 from controller.cli.args import SubParsers, count_arg, positive_arg
 from controller.cli.clients import CliError, connect, connection_flags, describe
 from controller.faults import inject
+from controller.faults.load import DataClient, fault_prompts, under_load
 from controller.faults.outcome import (
     EXPECTED_EVENTS,
-    HUNG,
     ClientOutcome,
     FaultCheck,
     Report,
@@ -50,11 +49,7 @@ from controller.faults.outcome import (
 )
 from pdctl_api.client import ApiError, PdctlClient
 
-PROMPT_WORDS = ("prefill decode cache token batch stream queue block transfer router pool "
-                "kernel memory layer attention request alpha beta gamma delta sigma omega"
-                ).split()
 COLOCATED = 1_000_000  # a routing threshold no prompt reaches
-MAX_ROUNDS = 100  # the load sends each prompt at most this often, however long the fault
 
 
 def add_fault_parser(sub: SubParsers) -> None:
@@ -92,6 +87,10 @@ def add_fault_parser(sub: SubParsers) -> None:
     p.add_argument("--max-fill-mb", type=positive_arg, default=1024.0,
                    help="fill-disk: the largest file system it fills, MiB (default 1024): "
                         "it refuses to fill the machine's own disk")
+    p.add_argument("--restart-cmd", default=None,
+                   help="restart-controller: the shell command that restarts the controller "
+                        "(e.g. 'systemctl restart pdctl', 'docker compose -f "
+                        "docker/compose.cpu.yml restart controller')")
     p.add_argument("--recover-timeout", type=positive_arg, default=900.0,
                    help="seconds to wait for the fleet to serve again (default 900: a real "
                         "engine's restart takes minutes on a small CPU machine)")
@@ -120,103 +119,21 @@ def run_fault(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def fault_prompts(n: int, min_tokens: int, tag: str) -> list[str]:
-    """``n`` prompts of at least ``min_tokens`` words (each word at least a token), each
-    opening with its own number so that no two share a cached prefix, and each a draw of its
-    own of numbered words: a small model with random weights gives different prompts different
-    answers only where they differ throughout."""
-    out = []
-    for k in range(n):
-        rng = random.Random(f"{tag}-{k}")
-        words = (f"{rng.choice(PROMPT_WORDS)}{rng.randint(0, 99)}"
-                 for _ in range(min_tokens + 4 * (k % 5)))
-        out.append(f"{tag} request {k}: " + " ".join(words))
-    return out
-
-
-class DataClient:
-    """The load's client: one completion, judged as a ``ClientOutcome``."""
-
-    def __init__(self, url: str, model: str, max_tokens: int, timeout_s: float,
-                 api_key: str | None, ignore_eos: bool = False) -> None:
-        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=url, headers=headers,
-                                 timeout=httpx.Timeout(timeout_s, connect=5.0))
-        self.model, self.max_tokens = model, max_tokens
-        self.extra = {"ignore_eos": True} if ignore_eos else {}
-
-    def close(self) -> None:
-        self.http.close()
-
-    def ask(self, rid: str, k: int, prompt: str, stream: bool) -> ClientOutcome:
-        body = {"model": self.model, "prompt": prompt, "max_tokens": self.max_tokens,
-                "temperature": 0, "stream": stream, **self.extra}
-        t0 = time.monotonic()
-
-        def done(text: str | None = None, error: str | None = None,
-                 answered: bool = True) -> ClientOutcome:
-            return ClientOutcome(rid, k, time.monotonic() - t0, text, error, answered)
-        try:
-            with self.http.stream("POST", "/v1/completions", json=body,
-                                  headers={"x-request-id": rid}) as r:
-                raw = r.read() if not stream or r.status_code != 200 else None
-                if r.status_code != 200:
-                    return done(error=_http_error(r.status_code, raw or b""))
-                if raw is not None:
-                    return _completion(raw, done)
-                return _read_stream(r.iter_lines(), done)
-        except httpx.TimeoutException:
-            return done(error=HUNG, answered=False)
-        except httpx.HTTPError as exc:
-            return done(error=f"connection: {type(exc).__name__}: {exc}", answered=False)
-
-
-def _http_error(status: int, raw: bytes) -> str:
-    """``http N: message`` for an error in OpenAI's shape; anything else is not clear."""
-    try:
-        message = orjson.loads(raw)["error"]["message"]
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return f"unclear answer {status}: {raw[:120]!r}"
-    return f"http {status}: {str(message)[:160]}"
-
-
-def _completion(raw: bytes, done: Callable[..., ClientOutcome]) -> ClientOutcome:
-    try:
-        text = orjson.loads(raw)["choices"][0]["text"]
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
-        return done(error=f"unclear 200: {raw[:120]!r}")
-    return done(text=text)
-
-
-def _read_stream(lines: Iterator[str], done: Callable[..., ClientOutcome]) -> ClientOutcome:
-    parts: list[str] = []
-    for line in lines:
-        if not line.startswith("data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == "[DONE]":
-            return done(text="".join(parts))
-        try:
-            event = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return done(error=f"unclear stream event: {payload[:120]!r}")
-        if "error" in event:
-            return done(error=f"stream error event: {str(event['error'])[:160]}")
-        parts.extend(c.get("text") or "" for c in event.get("choices") or ())
-    return done(error="stream ended without [DONE]")
-
-
 def rehearse_fault(client: PdctlClient, args: argparse.Namespace,
                    progress: Callable[[str], None]) -> Report:
     cluster = client.cluster()
     routing = cluster.routing
     role = inject.ROLE[args.scenario]
-    victim = None if args.scenario in ("tp-change", "fill-disk") else inject.victim(
+    victim = None if role == "controller" or args.scenario == "tp-change" else inject.victim(
         [i.model_dump() for i in cluster.instances], role)
     target = role if victim is None else str(victim["id"])
     if args.scenario == "fill-disk":
         target = str(_state_dir(args.state_dir))
+    if args.scenario == "restart-controller" and not args.restart_cmd:
+        raise inject.FaultRefused("restart-controller needs --restart-cmd: the command that "
+                                  "restarts this controller where you run it")
     extra: list[FaultCheck] = []
+    back: list[float] = []  # restart-controller: when it answered again
     lease = cluster.kv_lease_s or 30.0
     asked = fault_prompts(args.requests, routing.disagg_min_prompt_tokens, os.urandom(3).hex())
     data = DataClient(client.base_url, cluster.model.served_name, args.max_tokens,
@@ -230,20 +147,25 @@ def rehearse_fault(client: PdctlClient, args: argparse.Namespace,
         def fault() -> str:
             if args.scenario == "fill-disk":
                 return _fill_disk(client, Path(target), args, extra)
+            if args.scenario == "restart-controller":
+                return _restart_controller(client, args.restart_cmd, args.recover_timeout,
+                                           back)
             if victim is None:
                 return _tp_change(client, role, args.recover_timeout)
             if args.scenario == "stall-prefill":
                 return inject.stall(victim, args.stall_s or lease + 2)
             return inject.kill(victim)
-        outcomes, started, detail = _under_load(data, asked, args.concurrency, fault)
+        outcomes, started, detail = under_load(data, asked, args.concurrency, fault)
     finally:
         data.close()
     report = Report(args.scenario, target, detail, started)
     progress(f"pdctl fault: {detail}; judging what the clients saw")
-    report.checks.append(served(outcomes))
+    report.checks.append(served(outcomes, refusals_ok=args.scenario == "restart-controller"))
     if reference is not None:
         report.checks.append(same_answers(outcomes, reference))
-    report.checks.append(recorded(outcomes, *_records(client, outcomes)))
+    # A restarted controller keeps no records of the requests its previous run served.
+    kept = [o for o in outcomes if not back or o.sent_at >= back[0]]
+    report.checks.append(recorded(kept, *_records(client, kept)))
     report.checks.append(_wait_ready(client, started, args.recover_timeout))
     report.checks.append(nothing_held(_wait_idle(client, lease + 15.0)))
     if args.scenario in EXPECTED_EVENTS:
@@ -252,6 +174,30 @@ def rehearse_fault(client: PdctlClient, args: argparse.Namespace,
         report.checks.append(told(kinds, EXPECTED_EVENTS[args.scenario], target))
     report.checks.extend(extra)
     return report
+
+
+def _restart_controller(client: PdctlClient, cmd: str, timeout_s: float,
+                        back: list[float]) -> str:
+    """The operator's restart command run, then ``/healthz`` waited for; ``back`` gets the
+    unix time the controller answered again."""
+    t0 = time.monotonic()
+    try:
+        done = subprocess.run(cmd, shell=True, capture_output=True, text=True,  # noqa: S602
+                              timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return f"`{cmd}` still running after {timeout_s:g} s"
+    ran = f"`{cmd}` exited {done.returncode} after {time.monotonic() - t0:.1f} s"
+    if done.returncode != 0:
+        return f"{ran}: {(done.stderr or done.stdout).strip()[-300:]}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{client.base_url}/healthz", timeout=5.0).status_code == 200:
+                back.append(time.time())
+                return f"{ran}; the controller answered again {time.monotonic() - t0:.1f} s " \
+                       "after the restart began"
+        time.sleep(0.2)
+    return f"{ran}; the controller did not answer within {timeout_s:g} s"
 
 
 def _state_dir(path: Path) -> Path:
@@ -278,7 +224,7 @@ def _fill_disk(client: PdctlClient, state_dir: Path, args: argparse.Namespace,
                extra: list[FaultCheck]) -> str:
     """The state directory's file system filled for ``--hold-s``, an operator's change
     tried meanwhile and after, and what ``/cluster`` said."""
-    ballast = inject.fill(state_dir, int(args.max_fill_mb * 2**20))
+    ballast = inject.fill_filesystem(state_dir, int(args.max_fill_mb * 2**20))
     try:
         t0 = time.monotonic()
         size = ballast.stat().st_size
@@ -305,37 +251,6 @@ def _reference(client: PdctlClient, data: DataClient, asked: list[str], threshol
         return out
     finally:
         client.set_routing({"disagg_min_prompt_tokens": threshold})
-
-
-def _under_load(data: DataClient, asked: list[str], concurrency: int,
-                fault: Callable[[], str]) -> tuple[list[ClientOutcome], float, str]:
-    """``concurrency`` clients send the prompts in turn (every other request streamed), each
-    request with an id of its own; the fault is injected once a few answers are in. The load
-    goes on through the whole fault and until every prompt was sent at least once."""
-    tag = os.urandom(4).hex()
-    sent = itertools.count()
-    over = threading.Event()
-    outcomes: list[ClientOutcome] = []
-    cap = len(asked) * MAX_ROUNDS
-
-    def client() -> None:
-        while (n := next(sent)) < cap and not (n >= len(asked) and over.is_set()):
-            k = n % len(asked)
-            outcomes.append(data.ask(f"fault-{tag}-{n}", k, asked[k], n % 2 == 1))
-
-    with ThreadPoolExecutor(concurrency) as pool:
-        running = [pool.submit(client) for _ in range(concurrency)]
-        first = min(len(asked), max(2, concurrency))
-        while len(outcomes) < first and not all(f.done() for f in running):
-            time.sleep(0.05)
-        started = time.time()
-        try:
-            detail = fault()
-        finally:
-            over.set()
-        for f in running:
-            f.result()
-    return outcomes, started, detail
 
 
 def _tp_change(client: PdctlClient, role: str, timeout_s: float) -> str:

@@ -21,9 +21,12 @@ FAULT_SCENARIOS: dict[str, str] = {
     "tp-change": "a rolling TP change of the prefill pool (1 <-> 2) under load",
     "fill-disk": "fill the state directory's file system (--state-dir: a small one of its "
                  "own) for --hold-s, then free it",
+    "restart-controller": "run --restart-cmd (your own way of restarting the controller: "
+                          "systemctl, docker compose restart) under load",
 }
 ROLE = {"kill-prefill": "prefill", "kill-decode": "decode", "stall-prefill": "prefill",
-        "tp-change": "prefill", "fill-disk": "controller"}
+        "tp-change": "prefill", "fill-disk": "controller",
+        "restart-controller": "controller"}
 BALLAST = ".pdctl-fault-ballast"  # the file that fills the state directory's disk
 CHUNK = 1 << 16
 
@@ -89,7 +92,7 @@ def other_tp(tp: int) -> int:
     return 2 if tp == 1 else 1
 
 
-def fill(directory: Path, max_bytes: int) -> Path:
+def fill_filesystem(directory: Path, max_bytes: int) -> Path:
     """A file in ``directory`` taking every free byte of its file system; ``FaultRefused``
     when that file system is larger than ``max_bytes`` (filling it would fill the machine's
     disk) or is not writable."""

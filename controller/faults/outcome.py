@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 #: HTTP error answer in OpenAI's shape, or an error event ending a stream.
 CLEAR = ("http ", "stream error event")
 HUNG = "hung"  # no answer within the client's timeout
+REFUSED = "connect refused"  # no controller listening: nothing was taken
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class ClientOutcome:
     text: str | None = None  # the completion, when it succeeded
     error: str | None = None  # what went wrong otherwise: "http 502: ...", "hung", ...
     answered: bool = True  # an HTTP answer came (the controller saw the request)
+    sent_at: float = 0.0  # unix time it was sent
 
     @property
     def clear(self) -> bool:
@@ -50,16 +52,22 @@ class Report:
         self.checks.append(FaultCheck(name, ok, detail))
 
 
-def served(outcomes: Sequence[ClientOutcome]) -> FaultCheck:
-    """Every request completed or got a clear error; none hung, none lost to a reset."""
+def served(outcomes: Sequence[ClientOutcome], refusals_ok: bool = False) -> FaultCheck:
+    """Every request completed or got a clear error; none hung, none lost to a reset. With
+    ``refusals_ok`` (the controller itself restarted) a refused connection is clear too: no
+    controller was listening, so nothing was taken."""
+    clear_kinds = (*CLEAR, REFUSED) if refusals_ok else CLEAR
     ok = sum(1 for o in outcomes if o.error is None)
-    clear = Counter(o.error.split(":")[0] for o in outcomes if o.clear and o.error)
-    lost = Counter(o.error[:80] for o in outcomes if o.error and not o.clear)
+    clear = Counter(o.error.split(":")[0] for o in outcomes
+                    if o.error and o.error.startswith(clear_kinds))
+    lost = Counter(o.error[:80] for o in outcomes
+                   if o.error and not o.error.startswith(clear_kinds))
     told = ", ".join(f"{n} {k}" for k, n in sorted(clear.items()))
     detail = (f"{ok} of {len(outcomes)} completed"
               + (f"; clear errors: {told}" if told else "")
               + (f"; LOST: {dict(lost)}" if lost else ""))
-    return FaultCheck("every request completed or got a clear error", not lost and ok > 0, detail)
+    return FaultCheck("every request completed or got a clear error", not lost and ok > 0,
+                      detail)
 
 
 def same_answers(outcomes: Sequence[ClientOutcome], reference: Mapping[int, str]) -> FaultCheck:
@@ -129,6 +137,7 @@ EXPECTED_EVENTS: dict[str, tuple[str, ...]] = {
     "kill-decode": ("instance.failed",),
     "stall-prefill": ("instance.failed", "kv.expired", "kv.after_expiry"),
     "tp-change": ("pool.update",),
+    "restart-controller": ("controller.start",),
 }
 
 

@@ -4,8 +4,12 @@ passes every check and says what happened."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,3 +66,35 @@ def test_refused_when_it_cannot_be_injected(ctl: ControllerProc, tmp_path: Path)
     out = subprocess.run([sys.executable, "-m", "controller.cli", "fault", "--help"],
                          capture_output=True, text=True, timeout=60)
     assert "stall-prefill" in out.stdout and "exit status" in out.stdout
+
+
+def test_restart_controller_runs_the_operators_command_under_load(tmp_path: Path) -> None:
+    """The operator's restart command run under load: requests in flight are served or told
+    (503), new ones are refused while no controller listens, the same clients are served
+    after, and the new run's records and audit log say so."""
+    ctl = start_controller(tmp_path, {**FLEET, "controller": {"port": free_port()}})
+    pidfile = tmp_path / "controller.pid"
+    pidfile.write_text(str(ctl.proc.pid))
+    restart = (f"{sys.executable} -m tests.integration.restart_controller {pidfile} "
+               f"{tmp_path / 'restarted.log'}")
+    try:
+        rc, report, err = fault(ctl.url, ctl.state_dir, "restart-controller",
+                                "--restart-cmd", restart, "--requests", "12")
+        assert rc == 0, (report, err)
+        checks = {c["name"].split(" ")[1]: c for c in report["checks"]}
+        assert all(c["ok"] for c in checks.values()) and len(checks) == 5, checks
+        assert "the controller answered again" in report["detail"], report
+        assert "controller.start on controller" in checks["fault"]["detail"]
+        assert int(pidfile.read_text()) != ctl.proc.pid and ctl.proc.poll() == 0
+        rc, _, err = fault(ctl.url, ctl.state_dir, "restart-controller")
+        assert rc == 2 and "needs --restart-cmd" in err, err
+    finally:
+        ctl.stop()
+        new = int(pidfile.read_text())
+        if new != ctl.proc.pid:
+            os.kill(new, signal.SIGTERM)
+            deadline = time.monotonic() + 60
+            while Path(f"/proc/{new}").exists() and time.monotonic() < deadline:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(new, os.WNOHANG)
+                time.sleep(0.1)

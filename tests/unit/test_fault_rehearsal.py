@@ -7,14 +7,16 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from controller.cli.fault import _completion, _http_error, _read_stream, fault_prompts
 from controller.faults import inject
+from controller.faults.load import completion_outcome, fault_prompts, http_error, stream_outcome
 from controller.faults.outcome import (
     HUNG,
+    REFUSED,
     ClientOutcome,
     Report,
     full_disk_told,
@@ -47,6 +49,14 @@ def test_clear_errors_pass_and_a_hang_or_reset_fails() -> None:
         check = served([*fine, lost])
         assert not check.ok and "LOST" in check.detail, lost
     assert not served([failed(0, "http 503: no ready decode instance")]).ok  # nothing served
+
+
+def test_a_refused_connection_is_clear_only_while_the_controller_restarts() -> None:
+    refused = failed(1, f"{REFUSED}: [Errno 111] Connection refused", answered=False)
+    assert not served([ok(0), refused]).ok  # a fleet that stops listening loses requests
+    check = served([ok(0), refused], refusals_ok=True)
+    assert check.ok and f"1 {REFUSED}" in check.detail
+    assert not served([ok(0), refused, failed(2, HUNG, answered=False)], refusals_ok=True).ok
 
 
 def test_an_answer_that_differs_from_its_reference_fails() -> None:
@@ -87,14 +97,14 @@ def done(text: str | None = None, error: str | None = None, answered: bool = Tru
 
 
 def test_answers_are_read_as_clients_read_them() -> None:
-    assert _completion(b'{"choices": [{"text": "hi"}]}', done).text == "hi"
-    assert _completion(b'{"error": {"message": "x"}}', done).error.startswith("unclear 200")
-    assert _http_error(503, b'{"error": {"message": "no ready decode"}}') == \
+    assert completion_outcome(b'{"choices": [{"text": "hi"}]}', done).text == "hi"
+    assert completion_outcome(b'{"error": {"message": "x"}}', done).error.startswith("unclear 200")
+    assert http_error(503, b'{"error": {"message": "no ready decode"}}') == \
         "http 503: no ready decode"
-    assert _http_error(500, b"Internal Server Error").startswith("unclear answer 500")
+    assert http_error(500, b"Internal Server Error").startswith("unclear answer 500")
 
     def events(lines: list[str]) -> ClientOutcome:
-        return _read_stream(iter(lines), done)
+        return stream_outcome(iter(lines), done)
     assert events(['data: {"choices": [{"text": "a"}]}', "",
                    'data: {"choices": [{"text": "b"}]}', "data: [DONE]"]).text == "ab"
     assert events(['data: {"choices": [{"text": "a"}]}', 'data: {"error": {"m": 1}}']
@@ -135,11 +145,17 @@ def test_a_stall_continues_the_engine_however_its_wait_ends() -> None:
                             start_new_session=True)
     try:
         def interrupted(_: float) -> None:
+            deadline = time.monotonic() + 10  # a signal is delivered, not applied at once
+            while state(proc.pid) != "T" and time.monotonic() < deadline:
+                time.sleep(0.01)
             assert state(proc.pid) == "T"  # stopped
             raise KeyboardInterrupt
         with pytest.raises(KeyboardInterrupt):
             inject.stall({"pid": proc.pid}, 5, sleep=interrupted)
-        assert state(proc.pid) in ("S", "R")
+        deadline = time.monotonic() + 10
+        while state(proc.pid) == "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert state(proc.pid) in ("S", "R")  # continued
         inject.kill({"pid": proc.pid})
         assert proc.wait(timeout=10) == -signal.SIGKILL
     finally:
@@ -157,5 +173,5 @@ def test_a_full_disk_must_refuse_a_change_say_why_and_take_it_after() -> None:
 
 def test_a_disk_over_the_limit_is_never_filled(tmp_path: Path) -> None:
     with pytest.raises(inject.FaultRefused, match="over the 1 MiB"):
-        inject.fill(tmp_path, 2**20)
+        inject.fill_filesystem(tmp_path, 2**20)
     assert not (tmp_path / inject.BALLAST).exists()
