@@ -3,7 +3,9 @@
 ``POST /v1/completions`` and ``POST /v1/chat/completions`` are served by ``DataPlane``, a
 plain ASGI layer in front of the FastAPI app: every client request passes through it, so it
 skips the framework's routing, dependency and response machinery and keeps one helper task
-per request (the disconnect watch). ``GET /v1/models`` is an ordinary FastAPI route.
+per request at most (the disconnect watch, where the server does not tell a client's going:
+the controller's own listener does, ``listener.ClientGone``). ``GET /v1/models`` is an
+ordinary FastAPI route.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import asyncio
 import hmac
 import logging
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
 
 from controller.api.asgi import ASGIApp, Receive, Scope, Send
+from controller.api.listener import client_gone
 from controller.api.state import AppState, app_state
 from controller.errors import InvalidApiKey, PayloadTooLarge, RequestTimeout, RoutingError
 from controller.obs.logs import bind_request
@@ -125,14 +129,20 @@ def _request_headers(scope: Scope) -> _Headers:
     return _Headers(rid, media, trace_context(traceparent, tracestate))
 
 
-async def _watch(receive: Receive, task: asyncio.Task[Any], ex: _Exchange) -> None:
-    """Cancel the request's task when its client goes away before the response is complete
-    (the upstream request is then closed, which aborts it on the engine)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
+def _client_left(task: asyncio.Task[Any], ex: _Exchange) -> None:
+    """The request's client went away: unless its response is complete, cancel the request's
+    task (the upstream request is then closed, which aborts it on the engine)."""
     if not ex.complete:
         ex.client_gone = True
         task.cancel()
+
+
+async def _watch(receive: Receive, task: asyncio.Task[Any], ex: _Exchange) -> None:
+    """``_client_left`` once ``receive()`` says the client went away: for a server that does
+    not tell it (``ClientGone``)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    _client_left(task, ex)
 
 
 async def serve_request(proxy: Proxy, endpoint: str, scope: Scope, receive: Receive,
@@ -151,7 +161,12 @@ async def serve_request(proxy: Proxy, endpoint: str, scope: Scope, receive: Rece
     bind_request(ctx.rid, ctx.trace)  # what this request's log lines carry
     task = asyncio.current_task(loop)
     assert task is not None
-    watch = loop.create_task(_watch(receive, task, ex))
+    gone = client_gone(scope)
+    watch = None
+    if gone is not None:  # the controller's listener tells it: no task waiting on receive()
+        gone.callback = partial(_client_left, task, ex)
+    else:
+        watch = loop.create_task(_watch(receive, task, ex))
     try:
         async with proxy.serve(ctx) as answer:
             await _write_answer(answer, ex, ctx.rid)
@@ -165,7 +180,10 @@ async def serve_request(proxy: Proxy, endpoint: str, scope: Scope, receive: Rece
         if not ex.started:
             await ex.respond(*error_body(RuntimeError(internal_error(exc))), ctx.rid)
     finally:
-        watch.cancel()
+        if watch is not None:
+            watch.cancel()
+        elif gone is not None:
+            gone.callback = None
 
 
 async def _write_answer(answer: Answer, ex: _Exchange, rid: str) -> None:

@@ -11,14 +11,17 @@
   connection drop with no answer. So ``ANSWER_S`` before that, ``ControllerServer`` has the
   router end its engine connections. Each request left gets its error the usual way: an error
   answer, or an error event ending its stream.
+- A client that goes away before its answer is complete is told to the data plane at once
+  (``ClientGone``, in the request's scope), without a task per request waiting on
+  ``receive()`` for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -32,6 +35,25 @@ _BODY_408 = b'{"detail": "request headers not received in time"}'
 TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
                b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
                % (len(_BODY_408), _BODY_408))
+
+
+CLIENT_GONE = "pdctl.client_gone"  # the scope extension holding a request's ``ClientGone``
+
+
+class ClientGone:
+    """Where the data plane puts what to do when the request's client goes away before its
+    answer is complete; the protocol calls it when the connection is lost."""
+
+    __slots__ = ("callback",)
+
+    def __init__(self) -> None:
+        self.callback: Callable[[], None] | None = None
+
+
+def client_gone(scope: Mapping[str, Any]) -> ClientGone | None:
+    """The request's ``ClientGone``: None where the server does not tell a client's going."""
+    gone = scope.get("extensions", {}).get(CLIENT_GONE)
+    return gone if isinstance(gone, ClientGone) else None
 
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):
@@ -85,10 +107,16 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        cycle = self.cycle
         super().connection_lost(exc)
+        if cycle is not None and not cycle.response_complete:
+            gone = client_gone(cycle.scope)
+            if gone is not None and gone.callback is not None:
+                gone.callback()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        cast(dict[str, Any], self.scope)["extensions"] = {CLIENT_GONE: ClientGone()}
         if self._header_timer is None:
             self._arm()
 
