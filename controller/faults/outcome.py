@@ -78,12 +78,13 @@ def same_answers(outcomes: Sequence[ClientOutcome], reference: Mapping[int, str]
     wrong = [o.rid for o in done if reference.get(o.prompt) != o.text]
     distinct = len(set(reference.values()))
     blind = len(reference) > 1 and distinct == 1
-    return FaultCheck("every answer is its prompt's reference (colocated, temperature 0)",
-                 not wrong and bool(done) and not blind,
-                 f"{len(done) - len(wrong)} of {len(done)} equal ({distinct} distinct "
-                 "references)" + (f"; DIFFER: {wrong[:5]}" if wrong else "")
-                 + ("; every prompt's reference is the same: it cannot tell answers apart"
-                    if blind else ""))
+    return FaultCheck(
+        "every answer is its prompt's reference (colocated, temperature 0)",
+        not wrong and bool(done) and not blind,
+        f"{len(done) - len(wrong)} of {len(done)} equal ({distinct} distinct references)"
+        + (f"; DIFFER: {wrong[:5]}" if wrong else "")
+        + ("; every prompt's reference is the same: it cannot tell answers apart"
+           if blind else ""))
 
 
 def recorded(outcomes: Sequence[ClientOutcome], missing: Sequence[str],
@@ -91,31 +92,34 @@ def recorded(outcomes: Sequence[ClientOutcome], missing: Sequence[str],
     """``paths``: how many of the records found were served on each path."""
     answered = sum(1 for o in outcomes if o.answered)
     served_on = ", ".join(f"{n} {k}" for k, n in sorted(paths.items()))
-    return FaultCheck("every answered request is in the controller's records", not missing,
-                 f"{answered - len(missing)} of {answered} found ({served_on or 'none'})"
-                 + (f"; MISSING: {list(missing)[:5]}" if missing else ""))
+    return FaultCheck(
+        "every answered request is in the controller's records", not missing,
+        f"{answered - len(missing)} of {answered} found ({served_on or 'none'})"
+        + (f"; MISSING: {list(missing)[:5]}" if missing else ""))
 
 
 def nothing_held(held: Mapping[str, str]) -> FaultCheck:
     """``held``: instance -> what it still holds, once the lease has run out."""
-    return FaultCheck("nothing held on an engine afterwards", not held,
-                 "KV handles 0 and KV cache use 0 on every ready instance" if not held else
-                 "HELD: " + "; ".join(f"{k}: {v}" for k, v in sorted(held.items())))
+    return FaultCheck(
+        "nothing held on an engine afterwards", not held,
+        "KV handles 0 and KV cache use 0 on every ready instance" if not held else
+        "HELD: " + "; ".join(f"{k}: {v}" for k, v in sorted(held.items())))
 
 
 def told(kinds: Sequence[str], expected: Sequence[str], target: str) -> FaultCheck:
     """The fault is in the audit log (the console's Events and incidents): one of
     ``expected`` event kinds about ``target`` since it was injected."""
     hit = [k for k in kinds if k in expected]
-    return FaultCheck("the fault is recorded (console events)", bool(hit),
-                 f"{', '.join(sorted(set(hit)))} on {target}" if hit else
-                 f"no {' or '.join(expected)} event on {target}; seen: "
-                 f"{', '.join(sorted(set(kinds))) or 'none'}")
+    return FaultCheck(
+        "the fault is recorded (console events)", bool(hit),
+        f"{', '.join(sorted(set(hit)))} on {target}" if hit else
+        f"no {' or '.join(expected)} event on {target}; seen: "
+        f"{', '.join(sorted(set(kinds))) or 'none'}")
 
 
 def recovered(ready: bool, after_s: float, why: str) -> FaultCheck:
     return FaultCheck("the fleet can serve again (/readyz)", ready,
-                 f"ready {after_s:.0f} s after the fault" if ready else why)
+                      f"ready {after_s:.0f} s after the fault" if ready else why)
 
 
 def full_disk_told(refused: str | None, problem: str | None, after: str | None
