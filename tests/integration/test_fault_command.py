@@ -98,3 +98,5 @@ def test_restart_controller_runs_the_operators_command_under_load(tmp_path: Path
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(new, os.WNOHANG)
                 time.sleep(0.1)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(new, signal.SIGKILL)  # it did not stop: none is left running
