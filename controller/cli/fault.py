@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -53,19 +54,23 @@ COLOCATED = 1_000_000  # a routing threshold no prompt reaches
 
 
 def add_fault_parser(sub: SubParsers) -> None:
-    scenarios = "\n".join(f"  {k:14s} {v}" for k, v in inject.FAULT_SCENARIOS.items())
+    width = max(map(len, inject.FAULT_SCENARIOS))
+    scenarios = "\n".join(textwrap.fill(v, 79, initial_indent=f"  {k:{width}s}  ",
+                                         subsequent_indent=" " * (width + 4))
+                           for k, v in inject.FAULT_SCENARIOS.items())
     p = sub.add_parser(
         "fault", help="rehearse a fault under load and judge what clients saw",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Inject one fault into the running fleet while sending it a load of "
-                    "distinct prompts long enough to be disaggregated, then check: every "
-                    "request completed or got a clear error, none hung, every answered "
-                    "request is in the controller's records, nothing is held on an engine "
-                    "once the KV lease has run out, the fault is in the audit log, and the "
-                    "fleet can serve again. Run it on a lab or an idle fleet (other traffic "
-                    "keeps engines busy) on the host where the controller runs its engines.",
-        epilog=f"scenarios:\n{scenarios}\n\nexit status: 0 passed, 1 a check failed, "
-               "2 not injected (no ready instance, engines elsewhere, no controller)")
+        description=textwrap.fill(
+            "Inject one fault into the running fleet while sending it a load of distinct "
+            "prompts long enough to be disaggregated, then check: every request completed or "
+            "got a clear error, none hung, every answered request is in the controller's "
+            "records, nothing is held on an engine once the KV lease has run out, the fault "
+            "is in the audit log, and the fleet can serve again. Run it on a lab or an idle "
+            "fleet (other traffic keeps engines busy) on the host where the controller runs "
+            "its engines.", 79),
+        epilog=f"scenarios:\n{scenarios}\n\nexit status: 0 passed, 1 a check failed, 2 not "
+               "injected\n(no ready instance, engines elsewhere, no controller)")
     p.add_argument("scenario", choices=list(inject.FAULT_SCENARIOS), metavar="SCENARIO",
                    help=", ".join(inject.FAULT_SCENARIOS))
     p.add_argument("--requests", type=count_arg, default=24, help="prompts sent (default 24)")
