@@ -196,11 +196,11 @@ def _restart_controller(client: PdctlClient, cmd: str, timeout_s: float,
         return f"{ran}: {(done.stderr or done.stdout).strip()[-300:]}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{client.base_url}/healthz", timeout=5.0).status_code == 200:
-                back.append(time.time())
-                return f"{ran}; the controller answered again {time.monotonic() - t0:.1f} s " \
-                       "after the restart began"
+        with contextlib.suppress(ApiError):
+            client.health()
+            back.append(time.time())
+            return f"{ran}; the controller answered again {time.monotonic() - t0:.1f} s " \
+                   "after the restart began"
         time.sleep(0.2)
     return f"{ran}; the controller did not answer within {timeout_s:g} s"
 

@@ -24,10 +24,6 @@ class ClientOutcome:
     answered: bool = True  # an HTTP answer came (the controller saw the request)
     sent_at: float = 0.0  # unix time it was sent
 
-    @property
-    def clear(self) -> bool:
-        return self.error is not None and self.error.startswith(CLEAR)
-
 
 @dataclass(frozen=True)
 class FaultCheck:
