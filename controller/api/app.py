@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from controller.api import cache, control, data, discovery, utilization, whatif
 from controller.api.asgi import ASGIApp
 from controller.api.gate import ControlGate
+from controller.api.listener import SHUTDOWN_GRACE_S
 from controller.api.state import AppState
 from controller.api.views import health_view, readiness_view
 from controller.config import Settings
@@ -48,6 +49,7 @@ from controller.router.tracing import RequestTracer
 from controller.store import Store
 from controller.token_file import ensure_token
 from controller.tokens import make_counter
+from controller.workers.exposition import Merged
 from pdctl_api.schema import ErrorPublic, HealthPublic
 
 log = logging.getLogger("pdctl.controller")
@@ -92,12 +94,13 @@ def build_state(settings: Settings, launcher: Launcher | None = None) -> AppStat
             (s.instance, bool(s.health and not s.health.stale), s.health.blocks if s.health
              else 0) for s in kv.states([i.id for i in fleet.registry.serving()])])
     metrics.attach_state(lambda: (store.problem is None, store.failed_writes))
-    metrics.attach_admission(lambda: proxy.inflight, lambda: (
+    metrics.attach_admission(lambda: proxy.inflight + proxy.others_inflight, lambda: (
         table.settings.max_inflight, table.settings.max_inflight_per_instance),
-        lambda: table.prefill_waiting)
+        lambda: table.prefill_waiting + proxy.others_waiting)
     writes = asyncio.Lock()
     planner = Planner(settings, fleet, requests, metrics, store, writes,
-                      arrivals=lambda: (proxy.arrived, proxy.arrived_prompt_tokens))
+                      arrivals=lambda: (proxy.arrived + proxy.others_arrived[0],
+                                        proxy.arrived_prompt_tokens + proxy.others_arrived[1]))
     targets = Targets(settings.targets, store)
     metrics.registry.register(TargetsCollector(lambda: targets.settings))
     proxy.targets = lambda: (targets.settings.ttft_p95_ms, targets.settings.gap_p99_ms)
@@ -154,6 +157,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        if st.workers is not None:  # they finish their requests while the engines still run
+            await st.workers.stop(SHUTDOWN_GRACE_S + 5.0)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -205,7 +210,7 @@ class ControllerApp(FastAPI):
     def build_middleware_stack(self) -> ASGIApp:
         st: AppState = self.state.pdctl
         return data.DataPlane(ControlGate(super().build_middleware_stack(), st.token,
-                                          st.viewer_token), st)
+                                          st.viewer_token), st.proxy, st.settings.controller)
 
 
 def create_app(settings: Settings, launcher: Launcher | None = None) -> FastAPI:
@@ -245,8 +250,11 @@ def create_app(settings: Settings, launcher: Launcher | None = None) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(app.state.pdctl.metrics.registry),
-                        media_type=CONTENT_TYPE_LATEST)
+        st: AppState = app.state.pdctl
+        registry: Any = st.metrics.registry
+        if st.workers is not None:  # every router process's samples, added up
+            registry = Merged(registry, st.workers.hub.samples())
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(data.data_routes)
     app.include_router(control.control_routes)

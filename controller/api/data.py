@@ -22,7 +22,8 @@ from starlette.requests import Request
 
 from controller.api.asgi import ASGIApp, Receive, Scope, Send
 from controller.api.listener import client_gone
-from controller.api.state import AppState, app_state
+from controller.api.state import app_state
+from controller.config import ControllerSettings
 from controller.errors import InvalidApiKey, PayloadTooLarge, RequestTimeout, RoutingError
 from controller.obs.logs import bind_request
 from controller.router.answer import Answer, error_body, internal_error
@@ -218,10 +219,9 @@ class DataPlane:
     (and the lifespan) goes on to the FastAPI app. With ``controller.api_key`` every
     ``/v1/*`` request must send it as a bearer token."""
 
-    def __init__(self, app: ASGIApp, state: AppState) -> None:
+    def __init__(self, app: ASGIApp, proxy: Proxy, cs: ControllerSettings) -> None:
         self.app = app
-        self.proxy = state.proxy
-        cs = state.settings.controller
+        self.proxy = proxy
         self.limits = BodyLimits(cs.max_body_bytes, cs.body_timeout_s)
         self._key = f"Bearer {cs.api_key}".encode() if cs.api_key else None
         self._loop: asyncio.AbstractEventLoop | None = None

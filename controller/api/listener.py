@@ -152,11 +152,17 @@ class ControllerServer(uvicorn.Server):
     """uvicorn's server; ``before_cancel`` runs ``ANSWER_S`` before the shutdown's grace ends
     (the module docstring)."""
 
-    def __init__(self, config: uvicorn.Config, before_cancel: Callable[[], None]) -> None:
+    def __init__(self, config: uvicorn.Config, before_cancel: Callable[[], None],
+                 on_shutdown: Callable[[], None] | None = None) -> None:
+        """``on_shutdown``: told as the shutdown starts (the router workers', to stop in the
+        same grace)."""
         super().__init__(config)
         self._before_cancel = before_cancel
+        self._on_shutdown = on_shutdown
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._on_shutdown is not None:
+            self._on_shutdown()
         timer = asyncio.get_running_loop().call_later(SHUTDOWN_GRACE_S - ANSWER_S,
                                                       self._before_cancel)
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
@@ -21,6 +22,9 @@ from controller.router.table import RoutingTable
 from controller.router.upstream import Upstream
 from controller.store import Store
 from controller.whatif.forecast import Made
+
+if TYPE_CHECKING:
+    from controller.workers.pool import WorkerPool
 
 
 @dataclass
@@ -44,6 +48,7 @@ class AppState:
     fallback: FallbackWatch | None = None  # silent KV fallbacks (told of every decode hop)
     forecast: Made | None = None  # the last what-if prediction (``controller.api.whatif``)
     predicting: asyncio.Lock = field(default_factory=asyncio.Lock)  # one what-if at a time
+    workers: WorkerPool | None = None  # the router workers (controller.data_workers > 1)
 
 
 def app_state(request: Request) -> AppState:

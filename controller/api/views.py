@@ -51,7 +51,7 @@ from pdctl_api.schema import (
     TimeseriesPublic,
     TpAdvicePublic,
 )
-from pdctl_api.schema.cluster import KvPeerPublic
+from pdctl_api.schema.cluster import KvPeerPublic, RouterWorkerPublic
 
 # ---- instances and pools -------------------------------------------------------------------
 
@@ -153,7 +153,9 @@ def cluster_view(st: AppState) -> ClusterPublic:
         routing=st.table.settings,  # the routing settings are their own answer
         instances=instances_view(st, list(f.registry)),
         time_scale=s.time_scale, state_problem=st.store.recheck(),
-        kv_lease_s=None if s.backend == "external" else float(s.kv.lease_s))
+        kv_lease_s=None if s.backend == "external" else float(s.kv.lease_s),
+        router_workers=[RouterWorkerPublic(**w) for w in st.workers.hub.public()]
+        if st.workers is not None else [])
 
 
 def _ready_counts(table: RoutingTable) -> dict[Role, int]:
@@ -220,10 +222,12 @@ def utilization(table: RoutingTable, role: Role) -> PoolUtilization:
 
 def admission_view(st: AppState) -> AdmissionPublic:
     rs = st.table.settings
-    return AdmissionPublic(inflight=st.proxy.inflight, max_inflight=rs.max_inflight,
+    p = st.proxy  # with the router workers' (``controller.workers``)
+    return AdmissionPublic(inflight=p.inflight + p.others_inflight,
+                           max_inflight=rs.max_inflight,
                            max_inflight_per_instance=rs.max_inflight_per_instance,
-                           refused_total=st.proxy.refused_total,
-                           prefill_waiting=st.table.prefill_waiting)
+                           refused_total=p.refused_total + p.others_refused,
+                           prefill_waiting=st.table.prefill_waiting + p.others_waiting)
 
 
 def stats_view(st: AppState, window_s: float, end: float | None) -> StatsPublic:

@@ -25,9 +25,12 @@ from controller.launchers import external_model
 from controller.launchers.process import spawn, stop_group
 from controller.models import InstanceState, Role
 from controller.obs import prometheus
-from controller.obs.logs import LOG_FORMATS, setup_logging
+from controller.obs.logs import LOG_FORMATS, log_format, setup_logging
 from controller.signals import clean_stop_signals
 from controller.sizing import cpu_features
+from controller.workers.hub import WorkerHub
+from controller.workers.pool import WorkerPool
+from controller.workers.sockets import listen_socket
 
 log = logging.getLogger("pdctl.controller")
 
@@ -135,12 +138,23 @@ def _serve(settings: Settings, after_start: Any = None) -> int:
         print(f"pdctl: {exc}", file=sys.stderr)
         return 2
     cs = settings.controller
-    server = ControllerServer(server_config(app, cs), lambda: _end_requests(app.state.pdctl))
+    st: AppState = app.state.pdctl
+    sockets = None
+    if cs.data_workers > 1:
+        tcp = listen_socket(cs.host, cs.port)
+        level = logging.getLevelName(logging.getLogger().level).lower()
+        st.workers = WorkerPool(settings, tcp.getsockname()[1], WorkerHub(st), st.store, level,
+                                log_format())
+        sockets = [tcp, st.workers.control_socket()]
+    server = ControllerServer(server_config(app, cs), lambda: _end_requests(st),
+                              st.workers.terminate if st.workers else None)
 
     async def main() -> None:
-        extra = asyncio.create_task(after_start(app.state.pdctl)) if after_start else None
+        if st.workers is not None:
+            await st.workers.start()
+        extra = asyncio.create_task(after_start(st)) if after_start else None
         try:
-            await server.serve()
+            await server.serve(sockets=sockets)
         finally:
             if extra:
                 extra.cancel()

@@ -279,6 +279,11 @@ class ControllerSettings(Strict):
         "an idle keep-alive connection is closed after this"))
     body_timeout_s: float = Field(60.0, gt=0, description=(
         "a data-plane request whose body is not all there within this is answered 408"))
+    data_workers: int = Field(1, ge=1, le=32, description=(
+        "processes serving the data plane on the controller's address (SO_REUSEPORT): the "
+        "controller's own and data_workers - 1 router workers, each routing requests itself "
+        "on the fleet's shared view; 1: the controller alone. About one per core the "
+        "router may use"))
     api_key: str | None = Field(None, min_length=1, description=(
         "the data plane's API key (as vLLM's --api-key): OpenAI clients send it as "
         "'Authorization: Bearer <key>' on /v1/*, else 401; off when unset. Prefer the "

@@ -64,6 +64,13 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False)
 
 
+def log_format() -> LogFormat:
+    """The format ``setup_logging`` gave the process (a router worker logs in the same)."""
+    handlers = logging.getLogger().handlers
+    json = any(isinstance(h.formatter, JsonFormatter) for h in handlers)
+    return "json" if json else "text"
+
+
 def setup_logging(level: str, fmt: LogFormat = "text") -> None:
     """The process's logging: ``level`` and ``fmt`` on stderr (uvicorn's own loggers too)."""
     handler = logging.StreamHandler(sys.stderr)

@@ -41,7 +41,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -55,7 +55,6 @@ from controller.errors import (
 )
 from controller.metrics import Metrics
 from controller.models import Instance, RequestPath, RequestRecord, Role
-from controller.requests_log import RequestLog
 from controller.router import handoff
 from controller.router.accounting import KvCosts, Measured, account
 from controller.router.answer import Answer, internal_error
@@ -90,9 +89,16 @@ MAX_REACHED_FAILURES = 2  # failed attempts per request that may have reached an
 DEFAULT_CHUNK_TOKENS = 8192
 
 
+class RecordSink(Protocol):
+    """Where finished requests' records go: the controller's ``RequestLog``, or a router
+    worker's channel to it (``controller.workers``)."""
+
+    def add(self, record: RequestRecord) -> None: ...
+
+
 class Proxy(PullHandoff, PushHandoff):
     def __init__(self, settings: Settings, table: RoutingTable, upstream: Upstream,
-                 counter: TokenCounter, requests: RequestLog, metrics: Metrics,
+                 counter: TokenCounter, requests: RecordSink, metrics: Metrics,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.table, self.upstream, self.counter = table, upstream, counter
         self.requests, self.metrics, self.clock = requests, metrics, clock
@@ -106,6 +112,13 @@ class Proxy(PullHandoff, PushHandoff):
         self._hops = Hops(upstream, table, metrics, self._late_s, clock)
         self._kv = KvRelease(upstream, table, metrics, self._model)
         self.inflight = 0  # admitted client requests not yet ended
+        # The same in the fleet's other router processes (``controller.workers``): requests
+        # in flight, waiting for a prefill slot, refused, and (requests, prompt tokens) arrived.
+        self.others_inflight = 0
+        self.others_waiting = 0
+        self.others_refused = 0
+        self.others_arrived = (0, 0)
+        self.on_admit: Callable[[Ctx], None] | None = None  # a router worker's, when wired
         self.refused_total = 0  # answered 429 by admission control
         # Valid requests that arrived, and their prompt tokens (the planner's arrival rate:
         # finished requests understate it while a queue grows).
@@ -174,9 +187,10 @@ class Proxy(PullHandoff, PushHandoff):
     def admission(self) -> Overloaded | None:
         """Why one more request may not start now (``routing.max_inflight``), or None."""
         limit = self.table.settings.max_inflight
-        if limit and self.inflight >= limit:
+        inflight = self.inflight + self.others_inflight
+        if limit and inflight >= limit:
             self._count_refused()
-            return Overloaded(f"{self.inflight} requests in flight: the controller's limit "
+            return Overloaded(f"{inflight} requests in flight: the controller's limit "
                               f"(routing.max_inflight) is {limit}; retry shortly")
         return None
 
@@ -187,6 +201,8 @@ class Proxy(PullHandoff, PushHandoff):
 
     async def answer(self, ctx: Ctx) -> Answer:
         """Route the request and read the decode hop's first chunk (or whole answer)."""
+        if self.on_admit is not None:
+            self.on_admit(ctx)
         try:
             resp = await self.open(ctx)
         except RoutingError as exc:

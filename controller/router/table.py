@@ -35,6 +35,19 @@ def _add(counts: dict[str, int], key: str, n: int) -> None:
         counts.pop(key, None)
 
 
+class OthersLoad:
+    """What the fleet's other router processes have in flight, by instance: requests,
+    queued uncached prompt tokens and KV handles out (``controller.workers``); empty in a
+    controller with one process."""
+
+    __slots__ = ("inflight", "tokens", "handles")
+
+    def __init__(self) -> None:
+        self.inflight: dict[str, int] = {}
+        self.tokens: dict[str, int] = {}
+        self.handles: dict[str, int] = {}
+
+
 class Lease:
     """One request counted in one instance's in-flight requests until ``release`` (or the end
     of a ``with`` block), with its uncached prompt tokens (``queue``); releasing twice is
@@ -86,8 +99,10 @@ class Lease:
 
 
 class RoutingTable:
-    def __init__(self, initial: RoutingSettings, store: Store, clock: Callable[[], float]
-                 ) -> None:
+    def __init__(self, initial: RoutingSettings, store: Store | None,
+                 clock: Callable[[], float]) -> None:
+        """``store`` None: a router worker's table, whose settings the controller sets
+        (``mirror``)."""
         self.store = store
         self.clock = clock
         self.settings = self._stored(initial)
@@ -96,6 +111,9 @@ class RoutingTable:
         self._inflight: dict[str, int] = {}
         self._queued_tokens: dict[str, int] = {}  # uncached prompt tokens, by instance
         self._suspect: dict[str, float] = {}
+        # The same counts in the fleet's other router processes (``controller.workers``),
+        # as they last reported them: picks, caps, drain and the console see every process.
+        self.others = OthersLoad()
         # KV handles each prefill instance gave out (request id -> when its lease ends), until
         # their request ends: a draining prefill instance stays while any is out.
         self._handles: dict[str, dict[str, float]] = {}
@@ -106,9 +124,14 @@ class RoutingTable:
         self._waiters: deque[tuple[asyncio.Future[Lease], PromptBlocks | None]] = deque()
         self.on_unreachable: InstanceNote | None = None  # the fleet's, set when wired
         self.on_failed: InstanceNote | None = None  # the router's, set when wired
+        # Told "routing" or a role's name when the settings or that pool's members change
+        # (the router workers' hub, when wired).
+        self.on_change: Callable[[str], None] | None = None
         self._reset_policies()
 
     def _stored(self, initial: RoutingSettings) -> RoutingSettings:
+        if self.store is None:
+            return initial
         stored = self.store.get("routing")
         if stored is not None:
             with contextlib.suppress(ValueError):
@@ -158,7 +181,7 @@ class RoutingTable:
         return self.index is not None and self.index.trusted(instance_id)
 
     def queued_tokens(self, instance_id: str) -> int:
-        return self._queued_tokens.get(instance_id, 0)
+        return self._queued_tokens.get(instance_id, 0) + self.others.tokens.get(instance_id, 0)
 
     @property
     def load_limit(self) -> int:
@@ -171,16 +194,25 @@ class RoutingTable:
         InvalidChange and changes nothing when it is invalid."""
         if not patch:
             raise InvalidChange("nothing to change: give at least one routing field")
+        if self.store is None:
+            raise InvalidChange("a router worker's routing settings are the controller's")
         before = self.settings.model_dump()
         new = patched(self.settings, patch, "routing.")
         changed = {k: v for k, v in new.model_dump().items() if before.get(k) != v}
         self.store.change("routing", new.model_dump(), actor, "routing.update", "routing",
                           {k: before[k] for k in changed}, changed)
+        self.mirror(new)
+        if self.on_change is not None:
+            self.on_change("routing")
+        return new
+
+    def mirror(self, new: RoutingSettings) -> None:
+        """Take ``new`` as the live settings (a router worker is told the controller's)."""
+        policies = (self.settings.prefill_policy, self.settings.decode_policy)
         self.settings = new
-        if {"prefill_policy", "decode_policy"} & changed.keys():
+        if (new.prefill_policy, new.decode_policy) != policies:
             self._reset_policies()
         self._wake()  # a higher (or no) prefill cap frees slots for those waiting
-        return new
 
     # ---- candidates ---------------------------------------------------------------------
 
@@ -189,6 +221,8 @@ class RoutingTable:
         self._ready[role] = members
         if role is Role.PREFILL:
             self._wake()  # a new prefill instance takes requests waiting for a slot
+        if self.on_change is not None:
+            self.on_change(role.value)
 
     def ready(self, role: Role) -> list[Instance]:
         return self._ready[role]
@@ -209,13 +243,23 @@ class RoutingTable:
             candidates = [i for i in pool if i.id not in exclude]
         else:
             candidates = pool
+        counts = self._counts()
         cap = self._cap(role)
         if cap:
-            counts = self._inflight
             candidates = [i for i in candidates if counts.get(i.id, 0) < cap]
         if not candidates:
             return None
-        return self._policies[role].choose(candidates, self._inflight, prompt)
+        return self._policies[role].choose(candidates, counts, prompt)
+
+    def _counts(self) -> dict[str, int]:
+        """Requests in flight per instance, this process's and the others'."""
+        others = self.others.inflight
+        if not others:
+            return self._inflight
+        counts = dict(others)
+        for k, n in self._inflight.items():
+            counts[k] = counts.get(k, 0) + n
+        return counts
 
     def _cap(self, role: Role) -> int:
         """Requests one instance of ``role`` may have in flight (0: no limit)."""
@@ -280,7 +324,8 @@ class RoutingTable:
         """Every ready instance of ``role`` has ``max_inflight_per_instance`` requests."""
         cap = self.settings.max_inflight_per_instance
         pool = self._ready[role]
-        return bool(cap and pool) and all(self._inflight.get(i.id, 0) >= cap for i in pool)
+        counts = self._counts()
+        return bool(cap and pool) and all(counts.get(i.id, 0) >= cap for i in pool)
 
     def report_unreachable(self, inst: Instance, error: str) -> None:
         """The router could not reach ``inst``: avoid it briefly; the fleet checks it soon."""
@@ -306,7 +351,14 @@ class RoutingTable:
                      self._wake if inst.role is Role.PREFILL else None, self._queued_tokens)
 
     def inflight(self, instance_id: str) -> int:
-        return self._inflight.get(instance_id, 0)
+        """Requests in flight on the instance, in every router process."""
+        return self._inflight.get(instance_id, 0) + self.others.inflight.get(instance_id, 0)
+
+    def own_load(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+        """This process's requests in flight, queued prompt tokens and KV handles out, by
+        instance (what a router worker reports to the controller)."""
+        return (dict(self._inflight), dict(self._queued_tokens),
+                {i: n for i in list(self._handles) if (n := self._own_handles(i))})
 
     # ---- KV handles out -----------------------------------------------------------------
 
@@ -331,7 +383,11 @@ class RoutingTable:
         return n
 
     def handles_out(self, instance_id: str) -> int:
-        """KV handles of the instance whose request has not ended and lease not run out."""
+        """KV handles of the instance whose request has not ended and lease not run out, in
+        every router process."""
+        return self._own_handles(instance_id) + self.others.handles.get(instance_id, 0)
+
+    def _own_handles(self, instance_id: str) -> int:
         out = self._handles.get(instance_id)
         if not out:
             return 0

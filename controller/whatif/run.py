@@ -105,7 +105,8 @@ class Prepared:
 
     def result(self) -> RunResult:
         fleet = self.fleet
-        fleet.table.store.close()
+        if fleet.table.store is not None:
+            fleet.table.store.close()
         served = fleet.served
         served.rows.sort(key=lambda r: r.index)
         busy: dict[str, float] = {}

@@ -156,6 +156,15 @@ class HardwarePublic(Public):
     kv_link: str
 
 
+class RouterWorkerPublic(Public):
+    """One router worker process (``controller.data_workers`` above 1)."""
+
+    index: int
+    pid: int
+    inflight: int = Field(description="its client requests in flight")
+    arrived: int = Field(description="valid client requests it has taken")
+
+
 class ClusterPublic(Public):
     """``GET /api/v1/cluster``."""
 
@@ -175,6 +184,9 @@ class ClusterPublic(Public):
     state_problem: str | None = Field(None, description=(
         "why the state directory cannot be written (its disk full, say), from the last "
         "failed write until one succeeds: operators' changes are refused with 503 meanwhile"))
+    router_workers: list[RouterWorkerPublic] = Field(default_factory=list, description=(
+        "the router worker processes serving the data plane beside the controller's own "
+        "(controller.data_workers - 1 of them; empty with one process)"))
 
 
 # ---- the dry run of a pool change ----------------------------------------------------------

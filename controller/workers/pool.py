@@ -1,0 +1,147 @@
+"""The brain's supervisor of its router workers: starts ``data_workers - 1`` worker
+processes on the controller's address, replaces one that ends while the controller runs
+(each exit an audit event, ``worker.exit``, with the requests it took down), and stops them
+all when the controller stops -- at the start of its shutdown, so that every process lets
+its requests in flight finish within the same grace."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from controller.config import Settings
+from controller.store import Store
+from controller.workers.hub import WorkerHub
+from controller.workers.worker import SETTINGS_ENV
+
+log = logging.getLogger("pdctl.workers")
+
+CHECK_S = 0.2  # how often the workers' processes are looked at
+MAX_BACKOFF_S = 30.0  # the longest wait before replacing a worker that keeps dying
+STABLE_S = 10.0  # a worker up this long resets its backoff
+
+
+def _die_with_parent() -> None:
+    """In the worker, before exec: SIGTERM when the controller process dies (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class WorkerPool:
+    def __init__(self, settings: Settings, port: int, hub: WorkerHub, store: Store,
+                 log_level: str = "info", log_format: str = "text") -> None:
+        self.settings, self.port, self.hub, self.store = settings, port, hub, store
+        self.count = settings.controller.data_workers - 1
+        self.rundir = Path(tempfile.mkdtemp(prefix="pdctl-"))  # short: a Unix socket's path
+        self._log = (log_level, log_format)
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._started: dict[int, float] = {}
+        self._backoff: dict[int, float] = {}
+        self._due: dict[int, float] = {}
+        self.stopping = False
+        self._watch: asyncio.Task[None] | None = None
+
+    def control_socket(self) -> socket.socket:
+        """The brain's control socket, which the workers relay every other path to."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        path = self.rundir / "control.sock"
+        sock.bind(str(path))
+        path.chmod(0o600)
+        sock.listen(256)
+        sock.setblocking(False)
+        return sock
+
+    async def start(self) -> None:
+        await self.hub.start(self.rundir / "workers.sock")
+        env = {**os.environ, SETTINGS_ENV: orjson.dumps(
+            self.settings.model_dump(mode="json")).decode()}
+        self._env = env
+        for i in range(1, self.count + 1):
+            self._spawn(i)
+        self._watch = asyncio.create_task(self._run())
+
+    def _spawn(self, index: int) -> None:
+        level, fmt = self._log
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "controller.workers.worker", "--index", str(index),
+             "--rundir", str(self.rundir), "--port", str(self.port), "--log-level", level,
+             "--log-format", fmt], env=self._env, stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent)  # noqa: PLW1509 - no threads start it
+        self._procs[index] = proc
+        self._started[index] = time.monotonic()
+        log.info("router worker %d started (pid %d)", index, proc.pid)
+
+    async def _run(self) -> None:
+        while not self.stopping:
+            await asyncio.sleep(CHECK_S)
+            now = time.monotonic()
+            for index, proc in list(self._procs.items()):
+                if self.stopping:
+                    return
+                if index in self._due:
+                    if now >= self._due[index]:
+                        del self._due[index]
+                        self._spawn(index)
+                    continue
+                code = proc.poll()
+                if code is None:
+                    continue
+                self._exited(index, proc, code, now)
+
+    def _exited(self, index: int, proc: subprocess.Popen[bytes], code: int, now: float) -> None:
+        link = self.hub.links.get(index)
+        lost = len(link.open) if link is not None else self.hub.last_lost.pop(index, 0)
+        why = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        up = now - self._started[index]
+        backoff = 0.0 if up >= STABLE_S else min(MAX_BACKOFF_S,
+                                                  max(0.5, self._backoff.get(index, 0.0) * 2))
+        self._backoff[index] = backoff
+        self._due[index] = now + backoff
+        log.error("router worker %d (pid %d) ended: %s; replacing it%s", index, proc.pid, why,
+                  f" in {backoff:.1f} s" if backoff else "")
+        self.store.record("controller", "worker.exit", f"router-worker-{index}", None,
+                          {"pid": proc.pid, "reason": why, "requests_in_flight": lost},
+                          f"router worker {index} (pid {proc.pid}) ended ({why}) with "
+                          f"{lost} request(s) in flight; replaced")
+
+    def terminate(self) -> None:
+        """The controller is stopping: every worker is told to finish its requests and go."""
+        self.stopping = True
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+
+    async def stop(self, timeout_s: float) -> None:
+        """After ``terminate``: wait for the workers, kill what is left, close the hub."""
+        self.terminate()
+        if self._watch is not None:
+            self._watch.cancel()
+        deadline = time.monotonic() + timeout_s
+        for proc in self._procs.values():
+            while proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if proc.poll() is None:
+                log.error("router worker (pid %d) did not stop within %.0f s: killed",
+                          proc.pid, timeout_s)
+                proc.kill()
+                proc.wait()
+        await asyncio.sleep(0)  # the channels' ends, read
+        await self.hub.close()
+        shutil.rmtree(self.rundir, ignore_errors=True)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs.values() if p.poll() is None]
