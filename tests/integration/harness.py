@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -29,6 +30,11 @@ LONG_PROMPT = "the quick brown fox jumps over the lazy dog " * 60  # ~660 tokens
 SHORT_PROMPT = "hello there"  # colocated
 
 
+# ``make test-workers`` runs the integration tests whose controller has this many data-plane
+# processes (``controller.data_workers``); unset: the configuration's default, 1.
+DATA_WORKERS = int(os.environ.get("PDCTL_TEST_DATA_WORKERS", "0") or 0)
+
+
 def base_config(state_dir: Path, port: int, **extra: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "backend": "sim",
@@ -38,6 +44,8 @@ def base_config(state_dir: Path, port: int, **extra: Any) -> dict[str, Any]:
                        "health_interval_s": 0.5, "metrics_poll_s": 0.5,
                        "drain_timeout_s": 30},
     }
+    if DATA_WORKERS:
+        cfg["controller"]["data_workers"] = DATA_WORKERS
     for key, value in extra.items():
         cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
     return cfg

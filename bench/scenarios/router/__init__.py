@@ -112,6 +112,9 @@ class RouterScenario(Scenario[RouterOptions, RouterResult], name="router", alias
         ap.add_argument("--pdctl-root", type=Path,
                         help="run the pdctl controller from this source tree (PYTHONPATH), "
                              "e.g. a `git worktree` of an older commit")
+        ap.add_argument("--data-workers", type=int, default=1,
+                        help="pdctl's controller.data_workers: processes serving the data "
+                             "plane (default 1)")
         ap.add_argument("--quick", action="store_true",
                         help="smoke run: 1 round of 1.5 s; engine-bound at concurrency 1 and 16")
 
@@ -124,6 +127,7 @@ class RouterScenario(Scenario[RouterOptions, RouterResult], name="router", alias
         o.max_tokens, o.time_scale = args.max_tokens, args.time_scale
         o.vllm_router = None if args.no_vllm_router else args.vllm_router
         o.pdctl_root = args.pdctl_root.resolve() if args.pdctl_root else None
+        o.data_workers = args.data_workers
         return o
 
     def defaults(self, quick: bool) -> RouterOptions:

@@ -87,7 +87,8 @@ def case_report(c: CaseResult, max_tokens: int) -> str:
 
 
 def router_report(res: RouterResult) -> str:
-    out = [f"router cost, pdctl from {res.pdctl_source}"]
+    out = [f"router cost, pdctl from {res.pdctl_source}, "
+           f"{res.options.data_workers} data-plane process(es) (controller.data_workers)"]
     for c in res.cases:
         out += ["", case_report(c, res.options.max_tokens)]
     if res.cases:

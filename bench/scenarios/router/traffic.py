@@ -124,7 +124,8 @@ def start_case(case: str, opts: RouterOptions, fleet: ProcessFleet, targets: lis
     cfg = {"backend": "external", "model": {"name": SIM_MODEL_8B},
            "pools": {"prefill": {"urls": [urls.prefill], "tp": 1},
                      "decode": {"urls": [urls.decode], "tp": 1}},
-           "routing": ROUTING, "controller": {"port": cp}}
+           "routing": ROUTING,
+           "controller": {"port": cp, "data_workers": opts.data_workers}}
     start_controller(fleet.workdir, cfg, name="pdctl", fleet=fleet,
                      pdctl_root=opts.pdctl_root, log_level="warning", wait="none")
     if "vllm-router" in targets:
