@@ -50,6 +50,7 @@ from controller.store import Store
 from controller.token_file import ensure_token
 from controller.tokens import make_counter
 from controller.workers.exposition import Merged
+from controller.workers.synced import Synced
 from pdctl_api.schema import ErrorPublic, HealthPublic
 
 log = logging.getLogger("pdctl.controller")
@@ -204,13 +205,15 @@ def error_response(error: ErrorPublic, status_code: int) -> JSONResponse:
 
 class ControllerApp(FastAPI):
     """FastAPI for the control API, with the data plane (``data.DataPlane``) outermost: the
-    inference routes skip every framework layer, error middleware included. Next comes the
-    control API's gate (``gate.ControlGate``): token and media type before any body is read."""
+    inference routes skip every framework layer, error middleware included. Next, with
+    router workers, the wait for them (``Synced``); then the control API's gate
+    (``gate.ControlGate``): token and media type before any body is read."""
 
     def build_middleware_stack(self) -> ASGIApp:
         st: AppState = self.state.pdctl
-        return data.DataPlane(ControlGate(super().build_middleware_stack(), st.token,
-                                          st.viewer_token), st.proxy, st.settings.controller)
+        gate = ControlGate(super().build_middleware_stack(), st.token, st.viewer_token)
+        synced = Synced(gate, lambda: st.workers.hub if st.workers is not None else None)
+        return data.DataPlane(synced, st.proxy, st.settings.controller)
 
 
 def create_app(settings: Settings, launcher: Launcher | None = None) -> FastAPI:

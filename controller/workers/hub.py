@@ -36,6 +36,7 @@ log = logging.getLogger("pdctl.workers")
 
 LOAD_S = 0.05  # how often the fleet's load is exchanged
 REFRESH_S = 1.0  # how often the members (their live counters) and targets are resent
+SYNC_S = 1.0  # the longest a control-API request waits for the workers (``sync``)
 
 Samples = dict[str, list[list[Any]]]  # family name -> [sample name, labels, value]
 
@@ -85,6 +86,8 @@ class WorkerHub:
         self.version = 0  # of the members; a worker reports the one it applied
         self.lost = 0  # requests in flight on workers that died
         self.last_lost: dict[int, int] = {}  # by worker index, for its exit's audit event
+        self._syncs = 0
+        self._waiting: dict[tuple[int, int], asyncio.Future[None]] = {}
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         table = st.table
@@ -164,6 +167,27 @@ class WorkerHub:
                 for role in Role:
                     self._broadcast(self._members(role))
 
+    async def sync(self, timeout_s: float = SYNC_S) -> None:
+        """Until every worker has sent what it did so far and applied what it was told
+        (its answer follows both on the ordered channel): the control API then reads and
+        changes one fleet. A worker that does not answer within ``timeout_s`` is not
+        waited for."""
+        if not self.links:
+            return
+        self._syncs += 1
+        n = self._syncs
+        loop = asyncio.get_running_loop()
+        futs = []
+        for link in self.links.values():
+            fut = self._waiting[(link.index, n)] = loop.create_future()
+            futs.append(fut)
+            link.send({"t": "sync", "n": n})
+        try:
+            await asyncio.wait(futs, timeout=timeout_s)
+        finally:
+            for link in self.links.values():
+                self._waiting.pop((link.index, n), None)
+
     # ---- from the workers -------------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -205,6 +229,10 @@ class WorkerHub:
             self._recompute()
         elif kind == "metrics":
             link.samples = msg["samples"]
+        elif kind == "synced":
+            fut = self._waiting.pop((link.index, int(msg["n"])), None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
 
     def _event(self, link: Link, ev: list[Any]) -> None:
         st = self.st

@@ -162,6 +162,10 @@ class BrainLink:
             ttft, gap = msg["targets"]
             self.proxy.targets = lambda: (ttft, gap)
             self._roles.add("routing")
+        elif kind == "sync":  # after everything sent before it, and the answer last
+            self.flush()
+            self._send({"t": "metrics", "samples": samples_of(self.metrics)})
+            self._send({"t": "synced", "n": msg["n"]})
         elif kind == "failed":
             n = self.upstream.cut(msg["url"], f"{msg['id']} failed: {msg['why']}")
             if msg["url"] and n:
