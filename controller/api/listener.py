@@ -143,7 +143,8 @@ def server_config(app: Any, cs: ControllerSettings) -> uvicorn.Config:
     return uvicorn.Config(app, host=cs.host, port=cs.port, log_level="warning", log_config=None,
                           access_log=False, proxy_headers=False,
                           http=protocol_class(cs.header_timeout_s),
-                          limit_concurrency=cs.max_connections,
+                          # the kernel spreads connections evenly over the processes
+                          limit_concurrency=-(-cs.max_connections // cs.data_workers),
                           timeout_keep_alive=cs.keep_alive_s,  # type: ignore[arg-type]
                           timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S))
 

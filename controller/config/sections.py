@@ -272,7 +272,8 @@ class ControllerSettings(Strict):
     health_timeout_s: float = Field(2.0, gt=0, description="answer time of one health check")
     request_buffer: int = Field(100_000, ge=100)
     max_connections: int = Field(4096, ge=1, description=(
-        "client connections (and requests) at once; beyond it the listener answers 503"))
+        "client connections (and requests) at once; beyond it the listener answers 503. "
+        "With data_workers above 1 each process takes its share (rounded up)"))
     header_timeout_s: float = Field(10.0, gt=0, description=(
         "a connection that does not send a request's headers within this is closed (408)"))
     keep_alive_s: float = Field(75.0, gt=0, description=(

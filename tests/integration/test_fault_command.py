@@ -42,7 +42,8 @@ def test_each_scenario_rehearsed_passes_every_check(ctl: ControllerProc, scenari
                                                      role: str, event: str) -> None:
     rc, report, err = fault(ctl.url, ctl.state_dir, scenario, "--reference",
                             "--requests", "12")
-    assert rc == 0, (report, err)
+    failed = [f"{c['name']}: {c['detail']}" for c in report.get("checks", []) if not c["ok"]]
+    assert rc == 0, "\n".join(failed) or f"{report}\n{err}"
     checks = {c["name"].split(" ")[0] + " " + c["name"].split(" ")[1]: c
               for c in report["checks"]}
     assert len(checks) == 6 and all(c["ok"] for c in checks.values()), checks
