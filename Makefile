@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 
-.PHONY: constraints floors lab test test-ray lint typecheck unit integration bench bench-router browser prometheus docker clean
+.PHONY: constraints floors lab test test-workers test-ray lint typecheck unit integration bench bench-router browser prometheus docker clean
 
 LAB_MODEL := lab-model
 
@@ -55,7 +55,17 @@ lab: $(STAMP) $(LAB_MODEL)/model.safetensors
 
 test: lint typecheck browser prometheus docker
 	$(BIN)/pytest
+	$(MAKE) --no-print-directory test-workers
 	$(MAKE) --no-print-directory test-ray
+
+# The routing, KV-contract, accounting, hardening and fault tests again with the data plane
+# in two processes (controller.data_workers: 2; tests/integration/harness.py), ~8 min.
+WORKER_TESTS := kv_contract_sim hardening controller_load live_routing handoff_sim \
+  cache_routing_sim controller_api api_key api_fuzz listener otel_traces log_format \
+  fault_command fault_controller_restart fault_cut_path fault_restart_in_place \
+  state_disk_full lab_and_external replay_sim sim_host
+test-workers: $(STAMP)
+	PDCTL_TEST_DATA_WORKERS=2 $(BIN)/pytest $(WORKER_TESTS:%=tests/integration/test_%.py)
 
 # tests/ray need a network namespace of their own (root): there Ray binds 127.0.0.1, where on
 # the host's namespace it binds the host's interface even when told 127.0.0.1.

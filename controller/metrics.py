@@ -13,7 +13,9 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
 )
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from controller.models import RequestRecord
 from pdctl_api.schema import PARTS
@@ -281,3 +283,54 @@ class Metrics:
         """Per-instance gauges of the KV block index: ``states()`` yields (instance,
         up to date, blocks held)."""
         self.registry.register(IndexCollector(states))
+
+
+# ---- one /metrics over several processes (router workers, ``controller.workers``) -------
+
+Samples = dict[str, list[list[Any]]]  # family name -> [sample name, labels, value]
+
+
+def samples_of(registry: CollectorRegistry) -> Samples:
+    """A process's metric samples by family, ``_created`` timestamps left out (they do not
+    add up across processes)."""
+    out: Samples = {}
+    for fam in registry.collect():
+        rows = [[s.name, s.labels, s.value] for s in fam.samples
+                if not s.name.endswith("_created")]
+        if rows:
+            out[fam.name] = rows
+    return out
+
+
+class Merged:
+    """``/metrics`` of a controller with router workers: a registry-like view (``collect``,
+    for ``generate_latest``) of the controller's families with every worker's samples added
+    in -- counters and histogram buckets add up across processes, as do the in-flight gauges
+    the workers report."""
+
+    def __init__(self, registry: CollectorRegistry, samples: Samples) -> None:
+        self._registry, self._samples = registry, samples
+
+    def collect(self) -> Iterator[Metric]:
+        for fam in self._registry.collect():
+            extra = self._samples.get(fam.name)
+            if extra:
+                fam.samples = _added(fam.samples, extra)
+            yield fam
+
+
+def _added(own: list[Sample], extra: list[list[Any]]) -> list[Sample]:
+    """``own`` with ``extra``'s values added by name and labels."""
+    more: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for name, labels, value in extra:
+        key = (name, tuple(sorted(labels.items())))
+        more[key] = more.get(key, 0.0) + value
+    out = []
+    for s in own:
+        key = (s.name, tuple(sorted(s.labels.items())))
+        add = more.pop(key, None)
+        out.append(s if add is None else s._replace(value=s.value + add))
+    # Label sets only workers have seen: after the brain's own, each histogram's samples
+    # in the order the workers sent them.
+    out.extend(Sample(name, dict(labels), value) for (name, labels), value in more.items())
+    return out

@@ -24,6 +24,7 @@ from controller.api.asgi import ASGIApp
 from controller.api.gate import ControlGate
 from controller.api.listener import SHUTDOWN_GRACE_S
 from controller.api.state import AppState
+from controller.api.synced import Synced
 from controller.api.views import health_view, readiness_view
 from controller.config import Settings
 from controller.errors import ConfigError, InvalidChange, PdctlError
@@ -35,7 +36,7 @@ from controller.launchers.process import ProcessLauncher
 from controller.launchers.sim import SimEngineKind
 from controller.launchers.sim_host import SimHostLauncher
 from controller.launchers.vllm import VllmEngineKind
-from controller.metrics import Metrics
+from controller.metrics import Merged, Metrics
 from controller.models import Instance, Role
 from controller.obs import prometheus
 from controller.obs.kv_fallback import FallbackWatch
@@ -49,8 +50,6 @@ from controller.router.tracing import RequestTracer
 from controller.store import Store
 from controller.token_file import ensure_token
 from controller.tokens import make_counter
-from controller.workers.exposition import Merged
-from controller.workers.synced import Synced
 from pdctl_api.schema import ErrorPublic, HealthPublic
 
 log = logging.getLogger("pdctl.controller")
@@ -212,7 +211,7 @@ class ControllerApp(FastAPI):
     def build_middleware_stack(self) -> ASGIApp:
         st: AppState = self.state.pdctl
         gate = ControlGate(super().build_middleware_stack(), st.token, st.viewer_token)
-        synced = Synced(gate, lambda: st.workers.hub if st.workers is not None else None)
+        synced = Synced(gate, lambda: st.workers)
         return data.DataPlane(synced, st.proxy, st.settings.controller)
 
 
@@ -256,7 +255,7 @@ def create_app(settings: Settings, launcher: Launcher | None = None) -> FastAPI:
         st: AppState = app.state.pdctl
         registry: Any = st.metrics.registry
         if st.workers is not None:  # every router process's samples, added up
-            registry = Merged(registry, st.workers.hub.samples())
+            registry = Merged(registry, st.workers.samples())
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(data.data_routes)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from starlette.requests import Request
 
 from controller.config import Settings
 from controller.fleet import Fleet
-from controller.metrics import Metrics
+from controller.metrics import Metrics, Samples
 from controller.obs.kv_fallback import FallbackWatch
 from controller.obs.kv_integrity import LeaseWatch
 from controller.obs.targets import Targets
@@ -23,8 +23,21 @@ from controller.router.upstream import Upstream
 from controller.store import Store
 from controller.whatif.forecast import Made
 
-if TYPE_CHECKING:
-    from controller.workers.pool import WorkerPool
+
+class DataWorkers(Protocol):
+    """The router workers (``controller.workers.pool.WorkerPool``) as the API uses them."""
+
+    async def sync(self) -> None:
+        """Until every worker has sent what it did and applied what it was told."""
+
+    def samples(self) -> Samples:
+        """Their metric samples, by family."""
+
+    def public(self) -> list[dict[str, Any]]:
+        """Each worker: index, pid, requests in flight and arrived."""
+
+    async def stop(self, timeout_s: float) -> None:
+        """Stop them (their requests in flight finish first, within ``timeout_s``)."""
 
 
 @dataclass
@@ -48,7 +61,7 @@ class AppState:
     fallback: FallbackWatch | None = None  # silent KV fallbacks (told of every decode hop)
     forecast: Made | None = None  # the last what-if prediction (``controller.api.whatif``)
     predicting: asyncio.Lock = field(default_factory=asyncio.Lock)  # one what-if at a time
-    workers: WorkerPool | None = None  # the router workers (controller.data_workers > 1)
+    workers: DataWorkers | None = None  # the router workers (controller.data_workers > 1)
 
 
 def app_state(request: Request) -> AppState:

@@ -154,7 +154,7 @@ def cluster_view(st: AppState) -> ClusterPublic:
         instances=instances_view(st, list(f.registry)),
         time_scale=s.time_scale, state_problem=st.store.recheck(),
         kv_lease_s=None if s.backend == "external" else float(s.kv.lease_s),
-        router_workers=[RouterWorkerPublic(**w) for w in st.workers.hub.public()]
+        router_workers=[RouterWorkerPublic(**w) for w in st.workers.public()]
         if st.workers is not None else [])
 
 

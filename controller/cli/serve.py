@@ -7,14 +7,19 @@ import asyncio
 import contextlib
 import logging
 import os
-import resource
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from controller.api import create_app
-from controller.api.listener import ControllerServer, server_config
+from controller.api.listener import (
+    ControllerServer,
+    event_loop_factory,
+    raise_fd_limit,
+    server_config,
+)
 from controller.api.state import AppState
 from controller.cli import console
 from controller.cli.args import SubParsers
@@ -108,17 +113,6 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {"controller": ctl} if ctl else {}
 
 
-def raise_fd_limit() -> tuple[int, int]:
-    """Soft open-file limit up to the hard one: every open client request holds about two
-    sockets (client and engine), so a 1,024 soft limit would refuse connections at about 500
-    requests in flight. Returns (before, after)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft == resource.RLIM_INFINITY or soft >= hard:
-        return soft, soft
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return soft, hard
-
-
 def _end_requests(st: AppState) -> None:
     """The shutdown's grace is nearly over: the requests still in flight end with an error
     their clients can read, rather than a dropped connection."""
@@ -126,6 +120,21 @@ def _end_requests(st: AppState) -> None:
     if n:
         log.warning("shutting down: %d engine connection(s) still in use ended; their requests "
                     "answered with an error", n)
+
+
+def _router_workers(st: AppState) -> tuple[WorkerPool | None, list[socket.socket] | None]:
+    """With ``controller.data_workers`` above 1: the workers' pool (started with the server)
+    and the sockets the controller serves on -- its address, shared with the workers, and
+    the control socket they relay to."""
+    cs = st.settings.controller
+    if cs.data_workers <= 1:
+        return None, None
+    tcp = listen_socket(cs.host, cs.port)
+    level = logging.getLevelName(logging.getLogger().level).lower()
+    pool = WorkerPool(st.settings, tcp.getsockname()[1], WorkerHub(st), st.store, level,
+                      log_format())
+    st.workers = pool
+    return pool, [tcp, pool.control_socket()]
 
 
 def _serve(settings: Settings, after_start: Any = None) -> int:
@@ -139,19 +148,13 @@ def _serve(settings: Settings, after_start: Any = None) -> int:
         return 2
     cs = settings.controller
     st: AppState = app.state.pdctl
-    sockets = None
-    if cs.data_workers > 1:
-        tcp = listen_socket(cs.host, cs.port)
-        level = logging.getLevelName(logging.getLogger().level).lower()
-        st.workers = WorkerPool(settings, tcp.getsockname()[1], WorkerHub(st), st.store, level,
-                                log_format())
-        sockets = [tcp, st.workers.control_socket()]
+    pool, sockets = _router_workers(st)
     server = ControllerServer(server_config(app, cs), lambda: _end_requests(st),
-                              st.workers.terminate if st.workers else None)
+                              pool.terminate if pool else None)
 
     async def main() -> None:
-        if st.workers is not None:
-            await st.workers.start()
+        if pool is not None:
+            await pool.start()
         extra = asyncio.create_task(after_start(st)) if after_start else None
         try:
             await server.serve(sockets=sockets)
@@ -164,17 +167,6 @@ def _serve(settings: Settings, after_start: Any = None) -> int:
     with clean_stop_signals(), asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         runner.run(main())
     return 0
-
-
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop where it is installed (``uvicorn[standard]`` brings it): its transports cost the
-    data path about half of asyncio's per socket write. The controller times requests with
-    ``time.perf_counter``, never ``loop.time()`` (millisecond-grained under uvloop)."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 def configured(verb: str, build: Callable[[], Settings]) -> Settings | None:

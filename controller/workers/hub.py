@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controller.metrics import Samples
 from controller.models import Instance, RequestPath, RequestRecord, Role
 from controller.workers.channel import (
     ChannelClosed,
@@ -38,7 +39,6 @@ LOAD_S = 0.05  # how often the fleet's load is exchanged
 REFRESH_S = 1.0  # how often the members (their live counters) and targets are resent
 SYNC_S = 1.0  # the longest a control-API request waits for the workers (``sync``)
 
-Samples = dict[str, list[list[Any]]]  # family name -> [sample name, labels, value]
 
 
 @dataclass

@@ -19,10 +19,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from controller.config import Settings
+from controller.metrics import Samples
 from controller.store import Store
 from controller.workers.hub import WorkerHub
 from controller.workers.worker import SETTINGS_ENV
@@ -143,5 +145,13 @@ class WorkerPool:
         await self.hub.close()
         shutil.rmtree(self.rundir, ignore_errors=True)
 
-    def pids(self) -> list[int]:
-        return [p.pid for p in self._procs.values() if p.poll() is None]
+    # ---- as the API sees them (``api.state.DataWorkers``) ---------------------------
+
+    async def sync(self) -> None:
+        await self.hub.sync()
+
+    def samples(self) -> Samples:
+        return self.hub.samples()
+
+    def public(self) -> list[dict[str, Any]]:
+        return self.hub.public()

@@ -23,10 +23,15 @@ from typing import Any
 import orjson
 
 from controller.api.data import DataPlane
-from controller.api.listener import ControllerServer, server_config
+from controller.api.listener import (
+    ControllerServer,
+    event_loop_factory,
+    raise_fd_limit,
+    server_config,
+)
 from controller.config import RoutingSettings, Settings
 from controller.kvevents.hub import KvEventsHub
-from controller.metrics import Metrics
+from controller.metrics import Metrics, samples_of
 from controller.models import Instance, RequestRecord, Role
 from controller.obs.logs import setup_logging
 from controller.router.h1 import H1Upstream
@@ -129,7 +134,7 @@ class BrainLink:
             tick += 1
             if tick * FLUSH_S >= METRICS_S:
                 tick = 0
-                self._send({"t": "metrics", "samples": samples_of(self.metrics)})
+                self._send({"t": "metrics", "samples": samples_of(self.metrics.registry)})
             if self._writer is not None:
                 with contextlib.suppress(ConnectionError):
                     await self._writer.drain()
@@ -164,7 +169,7 @@ class BrainLink:
             self._roles.add("routing")
         elif kind == "sync":  # after everything sent before it, and the answer last
             self.flush()
-            self._send({"t": "metrics", "samples": samples_of(self.metrics)})
+            self._send({"t": "metrics", "samples": samples_of(self.metrics.registry)})
             self._send({"t": "synced", "n": msg["n"]})
         elif kind == "failed":
             n = self.upstream.cut(msg["url"], f"{msg['id']} failed: {msg['why']}")
@@ -186,18 +191,6 @@ class BrainLink:
             ids = {i.id for r in Role for i in self.table.ready(r)}
             for gone in [i for i in self.kv.index.instances() if i not in ids]:
                 self.kv.unwatch(gone)
-
-
-def samples_of(metrics: Metrics) -> dict[str, list[list[Any]]]:
-    """The worker's metric samples by family, ``_created`` timestamps left out (they do not
-    add up across processes)."""
-    out: dict[str, list[list[Any]]] = {}
-    for fam in metrics.registry.collect():
-        rows = [[s.name, s.labels, s.value] for s in fam.samples
-                if not s.name.endswith("_created")]
-        if rows:
-            out[fam.name] = rows
-    return out
 
 
 def build(settings: Settings, index: int) -> tuple[Proxy, BrainLink, H1Upstream]:
@@ -282,8 +275,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     setup_logging(args.log_level, args.log_format)
     settings = Settings.model_validate(orjson.loads(os.environ[SETTINGS_ENV]))
-    from controller.cli.serve import event_loop_factory, raise_fd_limit  # noqa: PLC0415
-
     raise_fd_limit()
     with clean_stop_signals(), asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         runner.run(serve(settings, args.index, args.rundir, args.port))

@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("controller.obs",),
     ("controller.planner",),
     ("controller.api",),
+    ("controller.workers",),
     ("controller.faults",),
     ("controller.cli",),
 )

@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client import Counter, Histogram, generate_latest
 
 from controller.config import RoutingSettings
-from controller.metrics import Metrics
+from controller.metrics import Merged, Metrics, samples_of
 from controller.models import Instance, InstanceState, RequestPath, RequestRecord, Role
 from controller.requests_log import RequestLog
 from controller.router.table import RoutingTable
@@ -25,9 +25,7 @@ from controller.workers.channel import (
     record_from,
     record_wire,
 )
-from controller.workers.exposition import Merged
 from controller.workers.hub import Link, WorkerHub
-from controller.workers.worker import samples_of
 
 
 def inst(i: str, role: Role = Role.DECODE) -> Instance:
@@ -61,7 +59,7 @@ def test_metrics_add_up_over_the_processes() -> None:
             m.requests.labels("disaggregated", "ok").inc()
             m.ttft.labels("disaggregated").observe(0.05)
     worker.requests.labels("colocated", "error").inc()  # a label set only the worker saw
-    text = generate_latest(Merged(brain.registry, samples_of(worker)))  # type: ignore[arg-type]
+    text = generate_latest(Merged(brain.registry, samples_of(worker.registry)))  # type: ignore[arg-type]
     lines = text.decode().splitlines()
     assert 'pdctl_requests_total{path="disaggregated",status="ok"} 5.0' in lines
     assert 'pdctl_requests_total{path="colocated",status="error"} 1.0' in lines
@@ -71,7 +69,7 @@ def test_metrics_add_up_over_the_processes() -> None:
 def test_worker_samples_leave_out_creation_times() -> None:
     m = Metrics("m")
     m.requests.labels("colocated", "ok").inc()
-    names = {s[0] for rows in samples_of(m).values() for s in rows}
+    names = {s[0] for rows in samples_of(m.registry).values() for s in rows}
     assert "pdctl_requests_total" in names and not any(n.endswith("_created") for n in names)
     assert isinstance(m.requests, Counter) and isinstance(m.ttft, Histogram)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.api import listener
 from controller.cli import serve
 from controller.cli.commands import build_parser
 
@@ -52,7 +53,7 @@ def test_the_controller_raises_its_open_file_limit_to_the_hard_one() -> None:
         pytest.skip(f"hard open-file limit {hard} leaves nothing to raise")
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
-        assert serve.raise_fd_limit() == (128, hard)
+        assert listener.raise_fd_limit() == (128, hard)
         assert resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, before)

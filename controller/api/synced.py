@@ -1,5 +1,6 @@
-"""The control API's view of one fleet when router workers serve beside the controller: each
-control request waits first for the workers to send what they did (``WorkerHub.sync``), so
+"""The control API's view of one fleet when router workers serve beside the controller
+(``controller.workers``): each control request waits first for the workers to send what
+they did (``DataWorkers.sync``), so
 that a record, a metric or a count a client's answer already reflects is in what it reads
 next; a change is answered only once every worker has applied it."""
 
@@ -8,15 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from controller.api.asgi import ASGIApp, Message, Receive, Scope, Send
-from controller.workers.hub import WorkerHub
+from controller.api.state import DataWorkers
 
 READS = frozenset({"GET", "HEAD", "OPTIONS"})
 UNSYNCED = frozenset({"/healthz", "/health", "/readyz"})  # liveness answers at once
 
 
 class Synced:
-    def __init__(self, app: ASGIApp, hub: Callable[[], WorkerHub | None]) -> None:
-        """``hub()``: the workers' hub, None while the controller has none."""
+    def __init__(self, app: ASGIApp, hub: Callable[[], DataWorkers | None]) -> None:
+        """``hub()``: the router workers, None while the controller has none."""
         self.app, self.hub = app, hub
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
