@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import resource
 import socket
 from collections.abc import Callable, Mapping
@@ -28,6 +29,9 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from controller.config import ControllerSettings
+from controller.router.upstream import Upstream
+
+log = logging.getLogger("pdctl.controller")
 
 SHUTDOWN_GRACE_S = 10.0
 LINGER_S = 0.5  # an idle connection's wait for a request already on its way, at shutdown
@@ -145,7 +149,7 @@ def server_config(app: Any, cs: ControllerSettings) -> uvicorn.Config:
                           access_log=False, proxy_headers=False,
                           http=protocol_class(cs.header_timeout_s),
                           # the kernel spreads connections evenly over the processes
-                          limit_concurrency=-(-cs.max_connections // cs.data_workers),
+                          limit_concurrency=-(-cs.max_connections // cs.data_processes),
                           timeout_keep_alive=cs.keep_alive_s,  # type: ignore[arg-type]
                           timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S))
 
@@ -193,3 +197,13 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     except ImportError:
         return None
     return uvloop.new_event_loop
+
+
+def end_requests(upstream: Upstream) -> None:
+    """The shutdown's grace is nearly over (``ControllerServer``'s ``before_cancel``): the
+    requests still in flight end with an error their clients can read, rather than a dropped
+    connection."""
+    n = upstream.cut_all("the controller is shutting down")
+    if n:
+        log.warning("shutting down: %d engine connection(s) still in use ended; their requests "
+                    "answered with an error", n)

@@ -16,6 +16,7 @@ from typing import Any
 from controller.api import create_app
 from controller.api.listener import (
     ControllerServer,
+    end_requests,
     event_loop_factory,
     raise_fd_limit,
     server_config,
@@ -113,21 +114,12 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {"controller": ctl} if ctl else {}
 
 
-def _end_requests(st: AppState) -> None:
-    """The shutdown's grace is nearly over: the requests still in flight end with an error
-    their clients can read, rather than a dropped connection."""
-    n = st.upstream.cut_all("the controller is shutting down")
-    if n:
-        log.warning("shutting down: %d engine connection(s) still in use ended; their requests "
-                    "answered with an error", n)
-
-
 def _router_workers(st: AppState) -> tuple[WorkerPool | None, list[socket.socket] | None]:
     """With ``controller.data_workers`` above 1: the workers' pool (started with the server)
     and the sockets the controller serves on -- its address, shared with the workers, and
     the control socket they relay to."""
     cs = st.settings.controller
-    if cs.data_workers <= 1:
+    if cs.data_processes <= 1:
         return None, None
     tcp = listen_socket(cs.host, cs.port)
     level = logging.getLevelName(logging.getLogger().level).lower()
@@ -149,7 +141,7 @@ def _serve(settings: Settings, after_start: Any = None) -> int:
     cs = settings.controller
     st: AppState = app.state.pdctl
     pool, sockets = _router_workers(st)
-    server = ControllerServer(server_config(app, cs), lambda: _end_requests(st),
+    server = ControllerServer(server_config(app, cs), lambda: end_requests(st.upstream),
                               pool.terminate if pool else None)
 
     async def main() -> None:

@@ -7,6 +7,7 @@ size and TP use the API's types."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -280,11 +281,11 @@ class ControllerSettings(Strict):
         "an idle keep-alive connection is closed after this"))
     body_timeout_s: float = Field(60.0, gt=0, description=(
         "a data-plane request whose body is not all there within this is answered 408"))
-    data_workers: int = Field(1, ge=1, le=32, description=(
+    data_workers: int | None = Field(None, ge=1, le=32, description=(
         "processes serving the data plane on the controller's address (SO_REUSEPORT): the "
         "controller's own and data_workers - 1 router workers, each routing requests itself "
-        "on the fleet's shared view; 1: the controller alone. About one per core the "
-        "router may use"))
+        "on the fleet's shared view; 1: the controller alone; unset: one per 4 CPU cores, "
+        "1 to 4 (the rest are the engines')"))
     api_key: str | None = Field(None, min_length=1, description=(
         "the data plane's API key (as vLLM's --api-key): OpenAI clients send it as "
         "'Authorization: Bearer <key>' on /v1/*, else 401; off when unset. Prefer the "
@@ -294,6 +295,14 @@ class ControllerSettings(Strict):
         "request with its TTFT parts; needs the otel extra; off when unset"))
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description=(
         "a data-plane request body larger than this is answered 413"))
+
+    @property
+    def data_processes(self) -> int:
+        """Processes serving the data plane: ``data_workers``, or where it is unset one per
+        4 CPU cores, 1 to 4."""
+        if self.data_workers is not None:
+            return self.data_workers
+        return max(1, min(4, (os.cpu_count() or 1) // 4))
 
 
 class PrometheusSettings(Strict):

@@ -36,7 +36,7 @@ from controller.workers.channel import (
 log = logging.getLogger("pdctl.workers")
 
 LOAD_S = 0.05  # how often the fleet's load is exchanged
-REFRESH_S = 1.0  # how often the members (their live counters) and targets are resent
+MEMBERS_REFRESH_S = 1.0  # how often the members (their live counters) and targets are resent
 SYNC_S = 1.0  # the longest a control-API request waits for the workers (``sync``)
 
 
@@ -146,7 +146,7 @@ class WorkerHub:
 
     async def _exchange(self) -> None:
         """Every ``LOAD_S``, each worker is told the others' load (the brain's own and the
-        other workers'); every ``REFRESH_S`` the members and targets anew."""
+        other workers'); every ``MEMBERS_REFRESH_S`` the members and targets anew."""
         refreshed = time.monotonic()
         while True:
             await asyncio.sleep(LOAD_S)
@@ -161,7 +161,7 @@ class WorkerHub:
                            "tokens": _sum([p[1] for p in parts]),
                            "handles": _sum([p[2] for p in parts]),
                            "requests": sum(p[3] for p in parts)})
-            if time.monotonic() - refreshed >= REFRESH_S:
+            if time.monotonic() - refreshed >= MEMBERS_REFRESH_S:
                 refreshed = time.monotonic()
                 self._broadcast(self._routing())
                 for role in Role:

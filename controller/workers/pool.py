@@ -32,7 +32,7 @@ from controller.workers.worker import SETTINGS_ENV
 log = logging.getLogger("pdctl.workers")
 
 CHECK_S = 0.2  # how often the workers' processes are looked at
-MAX_BACKOFF_S = 30.0  # the longest wait before replacing a worker that keeps dying
+RESTART_BACKOFF_MAX_S = 30.0  # the longest wait before replacing a worker that keeps dying
 STABLE_S = 10.0  # a worker up this long resets its backoff
 
 
@@ -46,7 +46,7 @@ class WorkerPool:
     def __init__(self, settings: Settings, port: int, hub: WorkerHub, store: Store,
                  log_level: str = "info", log_format: str = "text") -> None:
         self.settings, self.port, self.hub, self.store = settings, port, hub, store
-        self.count = settings.controller.data_workers - 1
+        self.count = settings.controller.data_processes - 1
         self.rundir = Path(tempfile.mkdtemp(prefix="pdctl-"))  # short: a Unix socket's path
         self._log = (log_level, log_format)
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -108,7 +108,7 @@ class WorkerPool:
         lost = len(link.open) if link is not None else self.hub.last_lost.pop(index, 0)
         why = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
         up = now - self._started[index]
-        backoff = 0.0 if up >= STABLE_S else min(MAX_BACKOFF_S,
+        backoff = 0.0 if up >= STABLE_S else min(RESTART_BACKOFF_MAX_S,
                                                   max(0.5, self._backoff.get(index, 0.0) * 2))
         self._backoff[index] = backoff
         self._due[index] = now + backoff

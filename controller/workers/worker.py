@@ -25,6 +25,7 @@ import orjson
 from controller.api.data import DataPlane
 from controller.api.listener import (
     ControllerServer,
+    end_requests,
     event_loop_factory,
     raise_fd_limit,
     server_config,
@@ -212,13 +213,6 @@ def build(settings: Settings, index: int) -> tuple[Proxy, BrainLink, H1Upstream]
     return proxy, link, upstream
 
 
-def _end_requests(upstream: H1Upstream) -> None:
-    """The shutdown's grace is nearly over: requests still in flight get their error."""
-    n = upstream.cut_all("the controller is shutting down")
-    if n:
-        log.warning("shutting down: %d engine connection(s) still in use ended", n)
-
-
 class _Records:
     """The proxy's ``RecordSink``: the link's, once built."""
 
@@ -242,7 +236,7 @@ async def serve(settings: Settings, index: int, rundir: Path, port: int) -> None
     app = DataPlane(relay, proxy, cs)
     config = server_config(app, cs)
     config.lifespan = "off"
-    server = ControllerServer(config, lambda: _end_requests(upstream))
+    server = ControllerServer(config, lambda: end_requests(upstream))
     sending = asyncio.create_task(link.send_loop())
 
     async def stop_with_brain() -> None:

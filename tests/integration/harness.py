@@ -31,8 +31,8 @@ SHORT_PROMPT = "hello there"  # colocated
 
 
 # ``make test-workers`` runs the integration tests whose controller has this many data-plane
-# processes (``controller.data_workers``); unset: the configuration's default, 1.
-DATA_WORKERS = int(os.environ.get("PDCTL_TEST_DATA_WORKERS", "0") or 0)
+# processes (``controller.data_workers``); unset: 1, whatever the machine's cores.
+DATA_WORKERS = int(os.environ.get("PDCTL_TEST_DATA_WORKERS", "1") or 1)
 
 
 def base_config(state_dir: Path, port: int, **extra: Any) -> dict[str, Any]:
@@ -44,8 +44,7 @@ def base_config(state_dir: Path, port: int, **extra: Any) -> dict[str, Any]:
                        "health_interval_s": 0.5, "metrics_poll_s": 0.5,
                        "drain_timeout_s": 30},
     }
-    if DATA_WORKERS:
-        cfg["controller"]["data_workers"] = DATA_WORKERS
+    cfg["controller"]["data_workers"] = DATA_WORKERS
     for key, value in extra.items():
         cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
     return cfg

@@ -33,7 +33,7 @@ class RouterOptions:
     vllm_router: Path | None = DEFAULT_ROUTER  # None: measure direct and pdctl only
     pdctl_root: Path | None = None
     quick: bool = False
-    data_workers: int = 1  # pdctl's controller.data_workers
+    data_workers: int = 1  # pdctl's controller.data_workers (measured as given, never auto)
 
     def rounds_of(self, case: str) -> int:
         if self.rounds is not None:
