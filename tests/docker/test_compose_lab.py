@@ -178,6 +178,21 @@ def test_a_disaggregated_completion_through_the_published_port(compose: Compose,
     assert rec.transfer_ms > 0 and rec.prompt_tokens > 128
 
 
+def test_both_data_plane_processes_serve_disaggregated_over_nixl(compose: Compose,
+                                                                lab: PdctlClient) -> None:
+    # The CPU compose lab runs the data plane in two processes (DATA_WORKERS, 2): the
+    # controller's and a router worker, on the one published port.
+    [worker] = lab.cluster().router_workers
+    before = worker.arrived
+    for i in range(12):  # a connection each: the kernel spreads them over both processes
+        assert complete(compose, f"{i} {LONG}")["choices"][0]["text"]
+    by_worker = lab.cluster().router_workers[0].arrived - before
+    assert 0 < by_worker < 12, by_worker
+    recs = lab.requests(limit=12)
+    assert [(r.path, r.status) for r in recs] == [("disaggregated", "ok")] * 12
+    assert all(r.kv_bytes > 0 for r in recs)
+
+
 def test_prometheus_scrapes_the_controller_and_both_engines(compose: Compose,
                                                             lab: PdctlClient) -> None:
     url = f"http://127.0.0.1:{compose.knobs['PROMETHEUS_PORT']}/api/v1/targets"
