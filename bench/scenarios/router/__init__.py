@@ -33,6 +33,7 @@ figures measured the same way in one session. Engines and client stay this check
     .venv/bin/python -m bench router                        # ~5 min on 2 cores
     .venv/bin/python -m bench router --quick                # smoke run, ~1 min
     .venv/bin/python -m bench router --case router-bound --rounds 4
+    .venv/bin/python -m bench router --data-workers 1       # pdctl in one process
     .venv/bin/python -m bench router --pdctl-root /tmp/pdctl-before --json /tmp/before.json
 
 vllm-router 0.1.17 lives in its own venv (``make bench-router`` creates it):
@@ -112,9 +113,9 @@ class RouterScenario(Scenario[RouterOptions, RouterResult], name="router", alias
         ap.add_argument("--pdctl-root", type=Path,
                         help="run the pdctl controller from this source tree (PYTHONPATH), "
                              "e.g. a `git worktree` of an older commit")
-        ap.add_argument("--data-workers", type=int, default=1,
+        ap.add_argument("--data-workers", type=int, default=2,
                         help="pdctl's controller.data_workers: processes serving the data "
-                             "plane (default 1)")
+                             "plane (default 2; 1: the controller's process alone)")
         ap.add_argument("--quick", action="store_true",
                         help="smoke run: 1 round of 1.5 s; engine-bound at concurrency 1 and 16")
 

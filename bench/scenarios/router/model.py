@@ -33,7 +33,9 @@ class RouterOptions:
     vllm_router: Path | None = DEFAULT_ROUTER  # None: measure direct and pdctl only
     pdctl_root: Path | None = None
     quick: bool = False
-    data_workers: int = 1  # pdctl's controller.data_workers (measured as given, never auto)
+    # pdctl's controller.data_workers, as given (never auto): its data plane in two
+    # processes by default, as vllm-router's runtime uses both cores
+    data_workers: int = 2
 
     def rounds_of(self, case: str) -> int:
         if self.rounds is not None:

@@ -121,11 +121,13 @@ def start_case(case: str, opts: RouterOptions, fleet: ProcessFleet, targets: lis
     pp, dp, cp, rp, rmp = (free_port() for _ in range(5))
     urls = Urls(*(f"http://127.0.0.1:{p}" for p in (pp, dp, cp, rp)))
     engines = start_engines(case, opts, fleet, pp, dp)
+    # data_workers is named only when it is not 1: a --pdctl-root older than it runs so.
+    workers = {"data_workers": opts.data_workers} if opts.data_workers != 1 else {}
     cfg = {"backend": "external", "model": {"name": SIM_MODEL_8B},
            "pools": {"prefill": {"urls": [urls.prefill], "tp": 1},
                      "decode": {"urls": [urls.decode], "tp": 1}},
            "routing": ROUTING,
-           "controller": {"port": cp, "data_workers": opts.data_workers}}
+           "controller": {"port": cp, **workers}}
     start_controller(fleet.workdir, cfg, name="pdctl", fleet=fleet,
                      pdctl_root=opts.pdctl_root, log_level="warning", wait="none")
     if "vllm-router" in targets:
