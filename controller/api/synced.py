@@ -1,8 +1,8 @@
 """The control API's view of one fleet when router workers serve beside the controller
 (``controller.workers``): each control request waits first for the workers to send what
-they did (``DataWorkers.sync``), so
-that a record, a metric or a count a client's answer already reflects is in what it reads
-next; a change is answered only once every worker has applied it."""
+they did (``DataWorkers.sync``), so that a record, a metric or a count a client's answer
+already reflects is in what it reads next; a change is answered only once every worker has
+applied it. Liveness and readiness answer at once."""
 
 from __future__ import annotations
 

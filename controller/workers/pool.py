@@ -141,7 +141,10 @@ class WorkerPool:
                           proc.pid, timeout_s)
                 proc.kill()
                 proc.wait()
-        await asyncio.sleep(0)  # the channels' ends, read
+        # What the workers sent last (their final records) is read before the hub closes.
+        deadline = time.monotonic() + 2.0
+        while self.hub.links and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         await self.hub.close()
         shutil.rmtree(self.rundir, ignore_errors=True)
 
