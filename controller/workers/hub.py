@@ -58,7 +58,19 @@ class Link:
     prefill_waiting: int = 0
     seen: int = 0  # the members version it has applied
     samples: Samples = field(default_factory=dict)
-    open: dict[str, list[Any]] = field(default_factory=dict)  # admitted, not yet recorded
+    # Admitted, not yet recorded, by request id (a client may send one id twice).
+    open: dict[str, list[list[Any]]] = field(default_factory=dict)
+
+    @property
+    def unfinished(self) -> int:
+        return sum(len(v) for v in self.open.values())
+
+    def finished(self, rid: str) -> None:
+        entries = self.open.get(rid)
+        if entries:
+            entries.pop(0)
+            if not entries:
+                del self.open[rid]
 
     def send(self, msg: dict[str, Any]) -> None:
         if not self.writer.is_closing():
@@ -238,10 +250,10 @@ class WorkerHub:
         st = self.st
         kind = ev[0]
         if kind == "a":  # admitted: rid, started_at, endpoint, stream, prompt tokens
-            link.open[ev[1]] = ev[1:]
+            link.open.setdefault(ev[1], []).append(ev[1:])
         elif kind == "r":
             rec = record_from(ev[1])
-            link.open.pop(rec.id, None)
+            link.finished(rec.id)
             self._intake(rec)
         elif kind == "s":  # a decode hop: rid, decode, prefill, prompt tokens, uncached
             if st.fallback is not None:
@@ -265,7 +277,8 @@ class WorkerHub:
         for name, samples in link.samples.items():
             self.retired.setdefault(name, []).extend(samples)
         link.samples = {}
-        for rid, started_at, endpoint, stream, prompt_tokens in link.open.values():
+        unfinished = [e for entries in link.open.values() for e in entries]
+        for rid, started_at, endpoint, stream, prompt_tokens in unfinished:
             rec = RequestRecord(
                 id=rid, started_at=started_at, endpoint=endpoint,
                 path=RequestPath.COLOCATED, status="error", stream=stream,
@@ -276,10 +289,10 @@ class WorkerHub:
             self._intake(rec)
             self.st.metrics.observe(rec)
             self.lost += 1
-        self.last_lost[link.index] = len(link.open)
-        if link.open:
+        self.last_lost[link.index] = len(unfinished)
+        if unfinished:
             log.warning("router worker %d (pid %d): %d request(s) in flight lost (%s)",
-                        link.index, link.pid, len(link.open), why)
+                        link.index, link.pid, len(unfinished), why)
         link.open = {}
 
     def _recompute(self) -> None:

@@ -105,7 +105,7 @@ class WorkerPool:
 
     def _exited(self, index: int, proc: subprocess.Popen[bytes], code: int, now: float) -> None:
         link = self.hub.links.get(index)
-        lost = len(link.open) if link is not None else self.hub.last_lost.pop(index, 0)
+        lost = link.unfinished if link is not None else self.hub.last_lost.pop(index, 0)
         why = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
         up = now - self._started[index]
         backoff = 0.0 if up >= STABLE_S else min(RESTART_BACKOFF_MAX_S,

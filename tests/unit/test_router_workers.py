@@ -144,13 +144,16 @@ def test_a_workers_requests_are_recorded_or_failed_with_it(tmp_path: Path) -> No
                          5, 2, None, "decode-1")
     for ev in (["a", "r1", 1.0, "/v1/completions", False, 5],
                ["a", "r2", 2.0, "/v1/chat/completions", True, 7],
+               ["a", "r1", 3.0, "/v1/completions", False, 6],  # a client's id, sent twice
                ["r", record_wire(done)]):
         h._event(link, ev)
     assert [r.id for r in st.requests.recent(10)] == ["r1"] and st.proxy.rates.seen == ["r1"]
+    assert link.unfinished == 2
     h._lost(link, "killed")
-    [lost] = [r for r in st.requests.recent(10) if r.id == "r2"]
-    assert lost.status == "error" and "pid 4242" in str(lost.error) and lost.stream
-    assert lost.prompt_tokens == 7 and h.last_lost[1] == 1 and h.lost == 1
+    lost = {r.prompt_tokens: r for r in st.requests.recent(10) if r.status == "error"}
+    assert sorted(lost) == [6, 7] and lost[7].id == "r2" and lost[6].id == "r1"
+    assert lost[7].stream and "pid 4242" in str(lost[7].error)
+    assert h.last_lost[1] == 2 and h.lost == 2 and link.unfinished == 0
 
 
 def test_the_brain_counts_a_workers_load_and_a_member_leaving_as_busy(tmp_path: Path
