@@ -55,6 +55,8 @@ class WorkerPool:
         self._due: dict[int, float] = {}
         self.stopping = False
         self._watch: asyncio.Task[None] | None = None
+        self._env = {**os.environ, SETTINGS_ENV: orjson.dumps(
+            settings.model_dump(mode="json")).decode()}  # a worker's settings: the brain's
 
     def control_socket(self) -> socket.socket:
         """The brain's control socket, which the workers relay every other path to."""
@@ -68,9 +70,6 @@ class WorkerPool:
 
     async def start(self) -> None:
         await self.hub.start(self.rundir / "workers.sock")
-        env = {**os.environ, SETTINGS_ENV: orjson.dumps(
-            self.settings.model_dump(mode="json")).decode()}
-        self._env = env
         for i in range(1, self.count + 1):
             self._spawn(i)
         self._watch = asyncio.create_task(self._run())

@@ -64,10 +64,12 @@ class BrainLink:
     batches (a ``RecordSink`` and ``HopWatch`` for the proxy); what the controller says is
     applied to the worker's table, proxy and upstream."""
 
-    def __init__(self, index: int, table: RoutingTable, proxy: Proxy, upstream: H1Upstream,
+    proxy: Proxy  # set once the proxy is built with this link as its sinks
+
+    def __init__(self, index: int, table: RoutingTable, upstream: H1Upstream,
                  metrics: Metrics, kv: KvEventsHub | None) -> None:
         self.index = index
-        self.table, self.proxy, self.upstream = table, proxy, upstream
+        self.table, self.upstream = table, upstream
         self.metrics, self.kv = metrics, kv
         self.events: list[list[Any]] = []
         self.seen = 0
@@ -200,27 +202,16 @@ def build(settings: Settings, index: int) -> tuple[Proxy, BrainLink, H1Upstream]
     table.index = kv.index
     upstream = H1Upstream(lambda: table.settings.request_timeout_s)
     metrics = Metrics(settings.model.public_name)
-    link: BrainLink
-    proxy = Proxy(settings, table, upstream,
-                  make_counter(settings.model.path, settings.backend),
-                  _Records(lambda: link), metrics)
-    link = BrainLink(index, table, proxy, upstream, metrics, kv)
+    link = BrainLink(index, table, upstream, metrics, kv)
+    proxy = link.proxy = Proxy(settings, table, upstream,
+                               make_counter(settings.model.path, settings.backend), link,
+                               metrics)
     proxy.fallback = link
     proxy.on_admit = link.admit
     table.on_unreachable = link.unreachable
     if settings.controller.otlp_traces_endpoint:
         proxy.tracer = RequestTracer(settings.controller.otlp_traces_endpoint)
     return proxy, link, upstream
-
-
-class _Records:
-    """The proxy's ``RecordSink``: the link's, once built."""
-
-    def __init__(self, link: Any) -> None:
-        self._link = link
-
-    def add(self, record: RequestRecord) -> None:
-        self._link().add(record)
 
 
 async def serve(settings: Settings, index: int, rundir: Path, port: int) -> None:
