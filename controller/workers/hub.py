@@ -40,7 +40,6 @@ MEMBERS_REFRESH_S = 1.0  # how often the members (their live counters) and targe
 SYNC_S = 1.0  # the longest a control-API request waits for the workers (``sync``)
 
 
-
 @dataclass
 class Link:
     """One connected worker."""
@@ -77,23 +76,11 @@ class Link:
             self.writer.write(frame(msg))
 
 
-@dataclass
-class Totals:
-    """What the workers report, summed; the brain's views add it to its own."""
-
-    requests: int = 0
-    arrived: int = 0
-    arrived_tokens: int = 0
-    refused: int = 0
-    prefill_waiting: int = 0
-
-
 class WorkerHub:
     def __init__(self, st: Any) -> None:
         """``st``: the brain's ``AppState``."""
         self.st = st
         self.links: dict[int, Link] = {}
-        self.totals = Totals()
         self.retired: Samples = {}  # the samples of workers gone, kept so counters go on
         self.version = 0  # of the members; a worker reports the one it applied
         self.lost = 0  # requests in flight on workers that died
@@ -164,41 +151,56 @@ class WorkerHub:
             await asyncio.sleep(LOAD_S)
             if not self.links:
                 continue
-            own = self.st.table.own_load()
-            mine = [own[0], own[1], own[2], self.st.proxy.inflight]
-            for link in list(self.links.values()):
-                parts = [mine] + [[o.inflight, o.tokens, o.handles, o.requests]
-                                  for o in self.links.values() if o is not link]
-                link.send({"t": "others", "inflight": _sum([p[0] for p in parts]),
-                           "tokens": _sum([p[1] for p in parts]),
-                           "handles": _sum([p[2] for p in parts]),
-                           "requests": sum(p[3] for p in parts)})
+            self._push_others()
             if time.monotonic() - refreshed >= MEMBERS_REFRESH_S:
                 refreshed = time.monotonic()
                 self._broadcast(self._routing())
                 for role in Role:
                     self._broadcast(self._members(role))
 
+    def _push_others(self) -> None:
+        """Each worker is told the rest of the fleet's load: the brain's own and the other
+        workers' (as they last reported it)."""
+        own = self.st.table.own_load()
+        mine = [own[0], own[1], own[2], self.st.proxy.inflight]
+        for link in list(self.links.values()):
+            parts = [mine] + [[o.inflight, o.tokens, o.handles, o.requests]
+                              for o in self.links.values() if o is not link]
+            link.send({"t": "others", "inflight": _sum([p[0] for p in parts]),
+                       "tokens": _sum([p[1] for p in parts]),
+                       "handles": _sum([p[2] for p in parts]),
+                       "requests": sum(p[3] for p in parts)})
+
     async def sync(self, timeout_s: float = SYNC_S) -> None:
         """Until every worker has sent what it did so far and applied what it was told
-        (its answer follows both on the ordered channel): the control API then reads and
-        changes one fleet. A worker that does not answer within ``timeout_s`` is not
-        waited for."""
+        (its answer follows both on the ordered channel), and then has applied the fleet's
+        load as of that moment: the control API reads and changes one fleet, and what it
+        answered holds in every process for the client's next request (a request seen in
+        flight counts against the caps wherever the next one lands). A worker that does not
+        answer within ``timeout_s`` is not waited for."""
         if not self.links:
             return
+        deadline = time.monotonic() + timeout_s
+        await self._round(timeout_s)
+        self._push_others()
+        await self._round(max(0.0, deadline - time.monotonic()))
+
+    async def _round(self, timeout_s: float) -> None:
+        """One ``sync`` message to every worker, and its answers (until ``timeout_s``)."""
         self._syncs += 1
         n = self._syncs
         loop = asyncio.get_running_loop()
-        futs = []
+        keys = [(link.index, n) for link in self.links.values()]
+        if not keys:
+            return
         for link in self.links.values():
-            fut = self._waiting[(link.index, n)] = loop.create_future()
-            futs.append(fut)
+            self._waiting[(link.index, n)] = loop.create_future()
             link.send({"t": "sync", "n": n})
         try:
-            await asyncio.wait(futs, timeout=timeout_s)
+            await asyncio.wait([self._waiting[k] for k in keys], timeout=timeout_s)
         finally:
-            for link in self.links.values():
-                self._waiting.pop((link.index, n), None)
+            for k in keys:
+                self._waiting.pop(k, None)
 
     # ---- from the workers -------------------------------------------------------------
 
@@ -309,15 +311,12 @@ class WorkerHub:
             for inst in self.st.fleet.registry.live():
                 if inst.id not in members:
                     others.inflight[inst.id] = max(others.inflight.get(inst.id, 0), 1)
-        t = self.totals
-        t.requests = sum(o.requests for o in links)
-        t.arrived = sum(o.arrived for o in links)
-        t.arrived_tokens = sum(o.arrived_tokens for o in links)
-        t.refused = sum(o.refused for o in links)
-        t.prefill_waiting = sum(o.prefill_waiting for o in links)
-        proxy = self.st.proxy
-        proxy.others_inflight, proxy.others_waiting = t.requests, t.prefill_waiting
-        proxy.others_refused, proxy.others_arrived = t.refused, (t.arrived, t.arrived_tokens)
+        proxy = self.st.proxy  # the brain's views add these to its own
+        proxy.others_inflight = sum(o.requests for o in links)
+        proxy.others_waiting = sum(o.prefill_waiting for o in links)
+        proxy.others_refused = sum(o.refused for o in links)
+        proxy.others_arrived = (sum(o.arrived for o in links),
+                                sum(o.arrived_tokens for o in links))
 
     def samples(self) -> Samples:
         """Every worker's metric samples, the retired ones included, by family."""
