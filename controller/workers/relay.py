@@ -11,9 +11,12 @@ import httpx
 
 from controller.api.asgi import Receive, Scope, Send
 
-# Hop-by-hop headers (RFC 9110 7.6.1): each side's own.
+# Hop-by-hop headers (RFC 9110 7.6.1): each side's own. The answer keeps the controller's
+# Content-Length (the raw body is relayed unchanged), so a client that reads by length (and a
+# keep-alive connection) sees the same framing on every process; the request's is httpx's.
 HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer",
-                 b"upgrade", b"proxy-connection", b"content-length"})
+                 b"upgrade", b"proxy-connection"})
+REQUEST_HOP = HOP | {b"content-length"}
 _UNAVAILABLE = b'{"detail": "the controller is not reachable from this router worker"}'
 
 
@@ -37,7 +40,7 @@ class Relay:
             body += msg.get("body", b"")
             if not msg.get("more_body"):
                 break
-        headers = [(k, v) for k, v in scope["headers"] if k not in HOP]
+        headers = [(k, v) for k, v in scope["headers"] if k not in REQUEST_HOP]
         url = scope["raw_path"].decode("latin-1") if scope.get("raw_path") else scope["path"]
         if scope.get("query_string") and "?" not in url:
             url += "?" + scope["query_string"].decode("latin-1")

@@ -98,16 +98,23 @@ def test_both_processes_serve_and_the_controller_records_every_request(
 
 
 def test_the_control_api_answers_alike_on_every_connection(ctl: ControllerProc) -> None:
-    async def main() -> list[tuple[int, int, int]]:
-        async def one() -> tuple[int, int, int]:
+    """Same status and same framing from either process: a relayed answer keeps the
+    controller's Content-Length (a client reading by length must not meet chunking)."""
+    def framing(r: httpx.Response) -> tuple[int, bool]:
+        length = r.headers.get("content-length")
+        return r.status_code, (length == str(len(r.content))
+                               and "transfer-encoding" not in r.headers)
+
+    async def main() -> list[tuple[tuple[int, bool], ...]]:
+        async def one() -> tuple[tuple[int, bool], ...]:
             async with httpx.AsyncClient(timeout=30) as c:  # a connection of its own
                 ok = await c.get(f"{ctl.url}/api/v1/cluster",
                                  headers={"Authorization": f"Bearer {ctl.token}"})
                 refused = await c.get(f"{ctl.url}/api/v1/cluster")
                 models = await c.get(f"{ctl.url}/v1/models")
-                return ok.status_code, refused.status_code, models.status_code
+                return framing(ok), framing(refused), framing(models)
         return await asyncio.gather(*(one() for _ in range(30)))
-    assert set(asyncio.run(main())) == {(200, 401, 200)}
+    assert set(asyncio.run(main())) == {((200, True), (401, True), (200, True))}
 
 
 def test_a_routing_change_reaches_every_process_before_its_answer(ctl: ControllerProc
