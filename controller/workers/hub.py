@@ -56,6 +56,7 @@ class Link:
     refused: int = 0
     prefill_waiting: int = 0
     seen: int = 0  # the members version it has applied
+    heard: float = field(default_factory=time.monotonic)  # its last message, at least 1/s
     samples: Samples = field(default_factory=dict)
     # Admitted, not yet recorded, by request id (a client may send one id twice).
     open: dict[str, list[list[Any]]] = field(default_factory=dict)
@@ -229,6 +230,7 @@ class WorkerHub:
             self._recompute()
 
     def _take(self, link: Link, msg: dict[str, Any]) -> None:
+        link.heard = time.monotonic()
         kind = msg.get("t")
         if kind == "events":
             for ev in msg["e"]:

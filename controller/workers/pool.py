@@ -34,6 +34,12 @@ log = logging.getLogger("pdctl.workers")
 CHECK_S = 0.2  # how often the workers' processes are looked at
 RESTART_BACKOFF_MAX_S = 30.0  # the longest wait before replacing a worker that keeps dying
 STABLE_S = 10.0  # a worker up this long resets its backoff
+# A worker sends its metric samples every second whatever else it does (``worker.METRICS_S``):
+# one silent this long is hung (its event loop stuck, or the process stopped) and is killed,
+# so that its clients' connections end and it is replaced; one not connected this long after
+# its start, likewise.
+HUNG_S = 10.0
+CONNECT_S = 60.0
 
 
 def _die_with_parent() -> None:
@@ -53,6 +59,7 @@ class WorkerPool:
         self._started: dict[int, float] = {}
         self._backoff: dict[int, float] = {}
         self._due: dict[int, float] = {}
+        self._killed: dict[int, str] = {}  # why the pool killed a worker, for its exit event
         self.stopping = False
         self._watch: asyncio.Task[None] | None = None
         self._env = {**os.environ, SETTINGS_ENV: orjson.dumps(
@@ -99,13 +106,34 @@ class WorkerPool:
                     continue
                 code = proc.poll()
                 if code is None:
+                    self._check(index, proc, now)
                     continue
                 self._exited(index, proc, code, now)
+
+    def _check(self, index: int, proc: subprocess.Popen[bytes], now: float) -> None:
+        """Kill a running worker that is hung: silent ``HUNG_S`` on its channel, or not
+        connected ``CONNECT_S`` after its start (``_exited`` then replaces it)."""
+        if index in self._killed:
+            return
+        link = self.hub.links.get(index)
+        if link is not None and link.pid == proc.pid:
+            if now - link.heard < HUNG_S:
+                return
+            why = f"silent for {now - link.heard:.0f} s on its channel (hung): killed"
+        elif now - self._started[index] >= CONNECT_S:
+            why = f"not connected {CONNECT_S:.0f} s after its start: killed"
+        else:
+            return
+        log.error("router worker %d (pid %d) %s", index, proc.pid, why)
+        self._killed[index] = why
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
 
     def _exited(self, index: int, proc: subprocess.Popen[bytes], code: int, now: float) -> None:
         link = self.hub.links.get(index)
         lost = link.unfinished if link is not None else self.hub.last_lost.pop(index, 0)
-        why = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        why = self._killed.pop(index, None) or (
+            f"killed by signal {-code}" if code < 0 else f"exit status {code}")
         up = now - self._started[index]
         backoff = 0.0 if up >= STABLE_S else min(RESTART_BACKOFF_MAX_S,
                                                   max(0.5, self._backoff.get(index, 0.0) * 2))

@@ -55,7 +55,7 @@ from controller.workers.sockets import listen_socket
 log = logging.getLogger("pdctl.workers")
 
 FLUSH_S = 0.02  # how long events wait to go to the controller in one batch
-METRICS_S = 1.0
+METRICS_S = 1.0  # also its heartbeat: silent for the pool's HUNG_S, it is killed
 SETTINGS_ENV = "PDCTL_WORKER_SETTINGS"
 
 

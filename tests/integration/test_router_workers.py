@@ -132,8 +132,11 @@ def test_a_routing_change_reaches_every_process_before_its_answer(ctl: Controlle
     assert {ctl.get(f"/requests/{rid}")["path"] for rid, _, _ in sent} == {"disaggregated"}
 
 
-def test_a_killed_worker_is_replaced_and_its_requests_end_cleanly(ctl: ControllerProc
-                                                                  ) -> None:
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
+def test_a_dead_or_hung_worker_is_replaced_and_its_requests_end_cleanly(
+        ctl: ControllerProc, how: signal.Signals) -> None:
+    """Killed, or stopped (hung: its event loop stuck) until the controller, hearing nothing
+    from it for ``pool.HUNG_S``, kills it."""
     [worker] = workers(ctl)
     payloads = [body(i, stream=i % 2 == 0, max_tokens=400, ignore_eos=True)
                 for i in range(24)]
@@ -149,7 +152,7 @@ def test_a_killed_worker_is_replaced_and_its_requests_end_cleanly(ctl: Controlle
             w = await asyncio.to_thread(workers, ctl)
             if w and w[0]["inflight"] >= 2:
                 break
-        os.kill(worker["pid"], signal.SIGKILL)
+        os.kill(worker["pid"], how)
         done = await asyncio.gather(*tasks)  # a hang would raise the client's timeout
         return [(rid, *res) for rid, res in zip(rids, done, strict=True)]
 
@@ -160,6 +163,8 @@ def test_a_killed_worker_is_replaced_and_its_requests_end_cleanly(ctl: Controlle
                if e["after"]["pid"] == worker["pid"]]
     lost = event["after"]["requests_in_flight"]
     assert lost >= 1, event
+    if how is signal.SIGSTOP:
+        assert "(hung): killed" in event["after"]["reason"], event
     # Each request the controller took is recorded: served, or failed with the worker.
     records = {}
     for rid, status, _ in sent:
