@@ -38,6 +38,9 @@ log = logging.getLogger("pdctl.workers")
 LOAD_S = 0.05  # how often the fleet's load is exchanged
 MEMBERS_REFRESH_S = 1.0  # how often the members (their live counters) and targets are resent
 SYNC_S = 1.0  # the longest a control-API request waits for the workers (``sync``)
+# A worker sends something at least every second; one silent this long is not waited for
+# (the pool kills it once silent for its ``HUNG_S``).
+SILENT_S = 3.0
 
 
 @dataclass
@@ -191,10 +194,12 @@ class WorkerHub:
         self._syncs += 1
         n = self._syncs
         loop = asyncio.get_running_loop()
-        keys = [(link.index, n) for link in self.links.values()]
+        now = time.monotonic()  # one silent this long is likely hung: not waited for
+        live = [link for link in self.links.values() if now - link.heard < SILENT_S]
+        keys = [(link.index, n) for link in live]
         if not keys:
             return
-        for link in self.links.values():
+        for link in live:
             self._waiting[(link.index, n)] = loop.create_future()
             link.send({"t": "sync", "n": n})
         try:
