@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     ap.add_argument("--pdctl-root", type=Path, default=None,
                     help="profile the controller of that source tree")
+    ap.add_argument("--data-workers", type=int, default=1,
+                    help="data-plane processes (controller.data_workers); CPU and profile "
+                    "cover the controller and its router workers")
     ap.add_argument("--no-profile", action="store_true",
                     help="measure requests/s and CPU per request only")
     return ap.parse_args(argv)
@@ -70,7 +73,8 @@ def profile_summary(profile: Path, top: int) -> str:
                 if key not in seen:
                     seen.add(key)
                     total[key] += weight
-    lines = [f"{n:.1f} s of the main thread sampled; own share (the frame itself):"]
+    lines = [f"{n:.1f} s of the processes' main threads sampled; own share (the frame "
+             "itself):"]
     lines += [f"  {100 * w / n:5.1f}%  {k}" for k, w in own.most_common(top)]
     lines.append("total share (the frame and what it calls):")
     lines += [f"  {100 * w / n:5.1f}%  {k}" for k, w in total.most_common(top)]
@@ -92,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             "backend": "external", "model": {"name": SIM_MODEL_8B},
             "pools": {"prefill": {"urls": [f"http://127.0.0.1:{pp}"], "tp": 1},
                       "decode": {"urls": [f"http://127.0.0.1:{dp}"], "tp": 1}},
-            "routing": routing}, fleet=fleet, pdctl_root=args.pdctl_root,
+            "routing": routing, "controller": {"data_workers": args.data_workers}},
+            fleet=fleet, pdctl_root=args.pdctl_root,
             log_level="warning", wait="converged")
         urls = Urls(f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}", ctl.url, "")
         body: dict[str, Any] = {"model": SIM_MODEL_8B, "prompt": ROUTER_PROMPT,
@@ -100,21 +105,28 @@ def main(argv: list[str] | None = None) -> int:
         fn = request_fn("pdctl", urls, body)
         asyncio.run(closed_loop(fn, args.concurrency, 2.0))  # warm-up
         proc = psutil.Process(ctl.proc.pid)
+        procs = [proc, *proc.children()]  # the router workers, with --data-workers
+        if len(procs) != args.data_workers:
+            print(f"expected {args.data_workers} data-plane processes, found {len(procs)}")
+            return 1
         spy_proc = None
         profile = work / "hotpath.speedscope.json"
         if not args.no_profile:
             spy_proc = subprocess.Popen(
-                [spy, "record", "--pid", str(proc.pid), "--rate", str(args.rate),
+                [spy, "record", "--pid", str(proc.pid), "--subprocesses", "--rate",
+                 str(args.rate),
                  "--duration", str(int(args.duration) + 1), "--format", "speedscope",
                  "--output", str(profile), "--nonblocking"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             time.sleep(0.5)
-        cpu0 = proc.cpu_times()
+        cpu0 = [p.cpu_times() for p in procs]
         res = asyncio.run(closed_loop(fn, args.concurrency, args.duration))
-        cpu1 = proc.cpu_times()
+        cpu1 = [p.cpu_times() for p in procs]
         served = res.total_done + res.errors
-        cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
-        print(f"policy {args.policy}, concurrency {args.concurrency}, {args.duration:g} s: "
+        cpu = sum((b.user + b.system) - (a.user + a.system) for a, b in zip(cpu0, cpu1,
+                                                                              strict=True))
+        print(f"policy {args.policy}, {args.data_workers} data-plane process(es), "
+              f"concurrency {args.concurrency}, {args.duration:g} s: "
               f"{res.rps:,.0f} requests/s, {res.errors} errors, "
               f"controller CPU {1e6 * cpu / max(served, 1):,.0f} us/request"
               + (" (sampled by py-spy: add its overhead)" if spy_proc else ""))
