@@ -259,12 +259,15 @@ class WorkerHub:
         st = self.st
         kind = ev[0]
         if kind == "a":  # admitted: rid, started_at, endpoint, stream, prompt tokens
-            link.open.setdefault(ev[1], []).append(ev[1:])
+            link.open.setdefault(ev[1], []).append([*ev[1:], None, None])
         elif kind == "r":
             rec = record_from(ev[1])
             link.finished(rec.id)
             self._intake(rec)
         elif kind == "s":  # a decode hop: rid, decode, prefill, prompt tokens, uncached
+            entries = link.open.get(ev[1])
+            if entries:  # where it went last, for its record should the worker die
+                entries[-1][5:] = [ev[2], ev[3]]
             if st.fallback is not None:
                 st.fallback.sent(*ev[1:])
         elif kind == "u":  # unreachable: instance id, error
@@ -287,12 +290,13 @@ class WorkerHub:
             self.retired.setdefault(name, []).extend(samples)
         link.samples = {}
         unfinished = [e for entries in link.open.values() for e in entries]
-        for rid, started_at, endpoint, stream, prompt_tokens in unfinished:
-            rec = RequestRecord(
+        for rid, started_at, endpoint, stream, prompt_tokens, decode, prefill in unfinished:
+            rec = RequestRecord(  # its path and instances as of its last decode hop
                 id=rid, started_at=started_at, endpoint=endpoint,
-                path=RequestPath.COLOCATED, status="error", stream=stream,
-                prompt_tokens=prompt_tokens, output_tokens=0, prefill_instance=None,
-                decode_instance=None, e2e_ms=(time.time() - started_at) * 1e3,
+                path=RequestPath.DISAGGREGATED if prefill else RequestPath.COLOCATED,
+                status="error", stream=stream, prompt_tokens=prompt_tokens, output_tokens=0,
+                prefill_instance=prefill, decode_instance=decode,
+                e2e_ms=(time.time() - started_at) * 1e3,
                 error=f"router worker {link.index} (pid {link.pid}) ended while serving it "
                       f"({why}); its client's connection was closed")
             self._intake(rec)

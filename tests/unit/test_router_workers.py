@@ -145,6 +145,7 @@ def test_a_workers_requests_are_recorded_or_failed_with_it(tmp_path: Path) -> No
     for ev in (["a", "r1", 1.0, "/v1/completions", False, 5],
                ["a", "r2", 2.0, "/v1/chat/completions", True, 7],
                ["a", "r1", 3.0, "/v1/completions", False, 6],  # a client's id, sent twice
+               ["s", "r2", "decode-2", "prefill-1", 7, 7],  # its decode hop, with KV
                ["r", record_wire(done)]):
         h._event(link, ev)
     assert [r.id for r in st.requests.recent(10)] == ["r1"] and st.proxy.rates.seen == ["r1"]
@@ -153,6 +154,11 @@ def test_a_workers_requests_are_recorded_or_failed_with_it(tmp_path: Path) -> No
     lost = {r.prompt_tokens: r for r in st.requests.recent(10) if r.status == "error"}
     assert sorted(lost) == [6, 7] and lost[7].id == "r2" and lost[6].id == "r1"
     assert lost[7].stream and "pid 4242" in str(lost[7].error)
+    # Where each went, as far as the worker told: r2 had its decode hop, the second r1 not.
+    assert (lost[7].path, lost[7].prefill_instance, lost[7].decode_instance) == (
+        RequestPath.DISAGGREGATED, "prefill-1", "decode-2")
+    assert (lost[6].path, lost[6].prefill_instance, lost[6].decode_instance) == (
+        RequestPath.COLOCATED, None, None)
     assert h.last_lost[1] == 2 and h.lost == 2 and link.unfinished == 0
 
 
