@@ -51,6 +51,7 @@ from controller.faults.outcome import (
 from pdctl_api.client import ApiError, PdctlClient
 
 COLOCATED = 1_000_000  # a routing threshold no prompt reaches
+TOLD_S = 30.0  # how long the fault's event may take to reach the audit log
 
 
 def add_fault_parser(sub: SubParsers) -> None:
@@ -174,11 +175,23 @@ def rehearse_fault(client: PdctlClient, args: argparse.Namespace,
     report.checks.append(_wait_ready(client, started, args.recover_timeout))
     report.checks.append(nothing_held(_wait_idle(client, lease + 15.0)))
     if args.scenario in EXPECTED_EVENTS:
-        kinds = [e.kind for e in client.events(limit=1000, since=started - 1)
-                 if e.target == target]
-        report.checks.append(told(kinds, EXPECTED_EVENTS[args.scenario], target))
+        report.checks.append(_told(client, EXPECTED_EVENTS[args.scenario], target, started))
     report.checks.extend(extra)
     return report
+
+
+def _told(client: PdctlClient, expected: tuple[str, ...], target: str, started: float,
+          timeout_s: float = TOLD_S) -> FaultCheck:
+    """One of ``expected`` events about ``target`` in the audit log, waited for: the fleet
+    writes an engine off at its next health checks (the requests that failed on it only
+    bring the first check forward), which can come after the load's last answer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        kinds = [e.kind for e in client.events(limit=1000, since=started - 1)
+                 if e.target == target]
+        if any(k in expected for k in kinds) or time.monotonic() > deadline:
+            return told(kinds, expected, target)
+        time.sleep(0.5)
 
 
 def _restart_controller(client: PdctlClient, cmd: str, timeout_s: float,
