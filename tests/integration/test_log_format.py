@@ -19,23 +19,32 @@ TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
 def test_json_lines_with_the_request_and_trace_ids(tmp_path: Path) -> None:
-    # One prefill slot and a 1 ms queue: of four long prompts at once, some give up waiting
-    # and are served colocated, which the router logs about that request.
-    cfg = base_config(tmp_path / "state", free_port(), routing={
+    # One prefill slot, held by a long prefill, and a 1 ms queue: the requests sent while it
+    # is held give up waiting and are served colocated, which the router logs about each one.
+    cfg = base_config(tmp_path / "state", free_port(), sim={"time_scale": 1.0}, routing={
         "disagg_min_prompt_tokens": 16, "prefill_max_inflight": 1,
         "prefill_queue_timeout_s": 0.001})
     ctl = fleet.start_controller(tmp_path, cfg, config_file="pdctl.yaml", wait="converged",
                                  args=["--log-format", "json"])
 
-    def send(k: int) -> int:
+    def send(k: int, prompt: str = LONG_PROMPT) -> int:
         return httpx.post(f"{ctl.url}/v1/completions", timeout=60, headers={
             "x-request-id": f"req-json-{k}", "traceparent": f"00-{TRACE}-00f067aa0ba902b{k}-01"},
-            json={"model": "llama-3-70b", "prompt": f"{k} {LONG_PROMPT}",
+            json={"model": "llama-3-70b", "prompt": f"{k} {prompt}",
                   "max_tokens": 2}).status_code
+
+    def slot_held() -> bool:
+        return any(i["load"]["inflight"] for i in ctl.get("/instances", role="prefill"))
 
     try:
         with ThreadPoolExecutor(4) as pool:
-            assert list(pool.map(send, range(4))) == [200] * 4
+            holder = pool.submit(send, 9, LONG_PROMPT * 10)  # ~6,600 tokens to prefill
+            deadline = time.monotonic() + 30
+            while not slot_held():
+                assert time.monotonic() < deadline, "the long prefill never held the slot"
+                time.sleep(0.005)
+            assert list(pool.map(send, range(3))) == [200] * 3
+            assert holder.result() == 200
         time.sleep(0.5)
     finally:
         ctl.stop()
