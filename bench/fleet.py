@@ -101,12 +101,13 @@ class ControllerProc:
     def metrics_text(self, timeout_s: float = 30.0) -> str:
         return httpx.get(f"{self.url}/metrics", timeout=timeout_s).text
 
-    def wait(self, pred: Callable[[], bool], timeout: float, what: str) -> None:
+    def wait(self, pred: Callable[[], bool], timeout: float, what: str,
+             interval: float = 0.2) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if pred():
                 return
-            time.sleep(0.2)
+            time.sleep(interval)
         raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n"
                              f"{json.dumps(self.get('/cluster')['pools'], indent=1)}")
 

@@ -43,6 +43,19 @@ SYNC_S = 1.0  # the longest a control-API request waits for the workers (``sync`
 SILENT_S = 3.0
 
 
+@dataclass(slots=True)
+class Admitted:
+    """A worker's request admitted and not yet recorded; where its last decode hop went."""
+
+    rid: str
+    started_at: float
+    endpoint: str
+    stream: bool
+    prompt_tokens: int
+    decode: str | None = None
+    prefill: str | None = None
+
+
 @dataclass
 class Link:
     """One connected worker."""
@@ -62,7 +75,7 @@ class Link:
     heard: float = field(default_factory=time.monotonic)  # its last message, at least 1/s
     samples: Samples = field(default_factory=dict)
     # Admitted, not yet recorded, by request id (a client may send one id twice).
-    open: dict[str, list[list[Any]]] = field(default_factory=dict)
+    open: dict[str, list[Admitted]] = field(default_factory=dict)
 
     @property
     def unfinished(self) -> int:
@@ -259,7 +272,7 @@ class WorkerHub:
         st = self.st
         kind = ev[0]
         if kind == "a":  # admitted: rid, started_at, endpoint, stream, prompt tokens
-            link.open.setdefault(ev[1], []).append([*ev[1:], None, None])
+            link.open.setdefault(ev[1], []).append(Admitted(*ev[1:]))
         elif kind == "r":
             rec = record_from(ev[1])
             link.finished(rec.id)
@@ -267,7 +280,7 @@ class WorkerHub:
         elif kind == "s":  # a decode hop: rid, decode, prefill, prompt tokens, uncached
             entries = link.open.get(ev[1])
             if entries:  # where it went last, for its record should the worker die
-                entries[-1][5:] = [ev[2], ev[3]]
+                entries[-1].decode, entries[-1].prefill = ev[2], ev[3]
             if st.fallback is not None:
                 st.fallback.sent(*ev[1:])
         elif kind == "u":  # unreachable: instance id, error
@@ -290,13 +303,13 @@ class WorkerHub:
             self.retired.setdefault(name, []).extend(samples)
         link.samples = {}
         unfinished = [e for entries in link.open.values() for e in entries]
-        for rid, started_at, endpoint, stream, prompt_tokens, decode, prefill in unfinished:
+        for a in unfinished:
             rec = RequestRecord(  # its path and instances as of its last decode hop
-                id=rid, started_at=started_at, endpoint=endpoint,
-                path=RequestPath.DISAGGREGATED if prefill else RequestPath.COLOCATED,
-                status="error", stream=stream, prompt_tokens=prompt_tokens, output_tokens=0,
-                prefill_instance=prefill, decode_instance=decode,
-                e2e_ms=(time.time() - started_at) * 1e3,
+                id=a.rid, started_at=a.started_at, endpoint=a.endpoint,
+                path=RequestPath.DISAGGREGATED if a.prefill else RequestPath.COLOCATED,
+                status="error", stream=a.stream, prompt_tokens=a.prompt_tokens,
+                output_tokens=0, prefill_instance=a.prefill, decode_instance=a.decode,
+                e2e_ms=(time.time() - a.started_at) * 1e3,
                 error=f"router worker {link.index} (pid {link.pid}) ended while serving it "
                       f"({why}); its client's connection was closed")
             self._intake(rec)
