@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter
 from starlette.requests import Request
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
 from controller.api.asgi import ASGIApp, Receive, Scope, Send
 from controller.api.listener import client_gone
@@ -75,6 +77,64 @@ class _Exchange:
     async def write(self, body: bytes, more: bool) -> None:
         self.complete = not more
         await self.send({"type": "http.response.body", "body": body, "more_body": more})
+
+
+class _WireExchange(_Exchange):
+    """The response side written straight to the connection (``WireLane``): the status line
+    and headers go out with the first part of the body, in one write, as one ``bytes``
+    each time; uvicorn's cycle is kept in step (started, complete, keep-alive, the next
+    request's turn), as its own ``send`` would."""
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        super().__init__(_no_send)
+        self.cycle = cycle
+        self._head = b""
+        self._chunked = False
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        cycle = self.cycle
+        self.started = cycle.response_started = True
+        cycle.waiting_for_100_continue = False
+        parts = [STATUS_LINE[status]]
+        chunked = True
+        for name, value in headers:  # the router's own, or values an HTTP parser took
+            parts += (name, b": ", value, b"\r\n")
+            if name == b"content-length":
+                chunked = False
+        if self.close or not cycle.keep_alive:
+            cycle.keep_alive = False
+            parts.append(b"connection: close\r\n")
+        if chunked:
+            parts.append(b"transfer-encoding: chunked\r\n")
+        parts.append(b"\r\n")
+        self._head, self._chunked = b"".join(parts), chunked
+
+    async def write(self, body: bytes, more: bool) -> None:
+        cycle = self.cycle
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()  # a slow client: wait for its window
+        self.complete = not more
+        if cycle.disconnected:
+            return
+        if self._chunked:
+            data = b"%x\r\n%b\r\n" % (len(body), body) if body else b""
+            if not more:
+                data += b"0\r\n\r\n"
+        else:
+            data = body
+        if self._head:
+            data, self._head = self._head + data, b""
+        cycle.transport.write(data)
+        if not more:
+            cycle.response_complete = True
+            cycle.message_event.set()
+            if not cycle.keep_alive:
+                cycle.transport.close()
+            cycle.on_response()
+
+
+async def _no_send(message: Any) -> None:
+    raise AssertionError("a wire exchange writes to its connection, not through ASGI")
 
 
 @dataclass(frozen=True)
@@ -148,17 +208,27 @@ async def _watch(receive: Receive, task: asyncio.Task[Any], ex: _Exchange) -> No
 
 async def serve_request(proxy: Proxy, endpoint: str, scope: Scope, receive: Receive,
                         send: Send, loop: asyncio.AbstractEventLoop, limits: BodyLimits) -> None:
+    """An inference request reached through ASGI (``DataPlane``)."""
     h = _request_headers(scope)
     ex = _Exchange(send)
     try:
         raw = await _read_body(receive, limits)
     except RoutingError as exc:
-        ctx = proxy.refused(endpoint, h.rid, exc)
+        await _serve(proxy, endpoint, h, ex, exc, loop, scope, receive)
+        return
+    if raw is not None:
+        await _serve(proxy, endpoint, h, ex, raw, loop, scope, receive)
+
+
+async def _serve(proxy: Proxy, endpoint: str, h: _Headers, ex: _Exchange,
+                 body: bytes | RoutingError, loop: asyncio.AbstractEventLoop, scope: Scope,
+                 receive: Receive) -> None:
+    """Answer one inference request whose body is read (or refused, ``body`` the reason)."""
+    if isinstance(body, RoutingError):
+        ctx = proxy.refused(endpoint, h.rid, body)
         ex.close = True  # the rest of the body is not read: close after the answer
     else:
-        if raw is None:
-            return
-        ctx = proxy.new_ctx(endpoint, raw, h.rid, h.media, h.trace)
+        ctx = proxy.new_ctx(endpoint, body, h.rid, h.media, h.trace)
     bind_request(ctx.rid, ctx.trace)  # what this request's log lines carry
     task = asyncio.current_task(loop)
     assert task is not None
@@ -205,9 +275,8 @@ def authorized(scope: Scope, expected: bytes) -> bool:
     return False
 
 
-async def refuse_unauthorized(send: Send) -> None:
+async def refuse_unauthorized(ex: _Exchange) -> None:
     """401 in OpenAI's shape; the connection is closed after it (its body is not read)."""
-    ex = _Exchange(send)
     ex.close = True
     status, body = error_body(InvalidApiKey(
         "missing or invalid API key: send it as 'Authorization: Bearer <key>'"))
@@ -229,7 +298,7 @@ class DataPlane:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (self._key is not None and scope["type"] == "http"
                 and scope["path"].startswith("/v1/") and not authorized(scope, self._key)):
-            await refuse_unauthorized(send)
+            await refuse_unauthorized(_Exchange(send))
             return
         if (scope["type"] == "http" and scope["path"] in ENDPOINTS
                 and scope["method"] == "POST"):
@@ -240,6 +309,78 @@ class DataPlane:
             await serve_request(self.proxy, scope["path"], scope, receive, send, loop, self.limits)
             return
         await self.app(scope, receive, send)
+
+
+class WireLane:
+    """The inference routes served by the listener's protocol itself
+    (``listener.protocol_class``), with no ASGI between the connection and the proxy: no
+    scope-bound ``receive``/``send`` messages, no application frames on every resumption of
+    the request's task, the body taken as the parser left it when it came whole with the
+    headers (the usual case), and the response head written with its first body part. The
+    answers, records and errors are ``DataPlane``'s: the same ``_serve``."""
+
+    def __init__(self, proxy: Proxy, cs: ControllerSettings) -> None:
+        self.proxy = proxy
+        self.limits = BodyLimits(cs.max_body_bytes, cs.body_timeout_s)
+        self._key = f"Bearer {cs.api_key}".encode() if cs.api_key else None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __call__(self, cycle: RequestResponseCycle) -> Coroutine[Any, Any, None] | None:
+        """The coroutine serving ``cycle``'s request, or None: not an inference request."""
+        scope = cycle.scope
+        if scope["method"] != "POST" or scope["path"] not in ENDPOINTS:
+            return None
+        return self._run(cycle)
+
+    async def _run(self, cycle: RequestResponseCycle) -> None:
+        try:
+            await self._answer(cycle)
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                log.error("unexpected error while serving %s", cycle.scope["path"],
+                          exc_info=exc)
+            if not cycle.response_started and not cycle.disconnected:
+                ex = _WireExchange(cycle)
+                ex.close = True
+                await ex.respond(*error_body(RuntimeError(internal_error(exc))), None)
+            elif not cycle.response_complete:
+                cycle.transport.close()
+        else:
+            if not cycle.response_complete and not cycle.disconnected:
+                cycle.transport.close()  # never left half-written on a kept connection
+        finally:
+            cycle.on_response = _nothing
+
+    async def _answer(self, cycle: RequestResponseCycle) -> None:
+        scope = cast(Scope, cycle.scope)
+        receive = cast(Receive, cycle.receive)
+        ex = _WireExchange(cycle)
+        if self._key is not None and not authorized(scope, self._key):
+            await refuse_unauthorized(ex)
+            return
+        body: bytes | RoutingError | None
+        if cycle.more_body:  # the body comes in more reads (or after 100-continue)
+            try:
+                body = await _read_body(receive, self.limits)
+            except RoutingError as exc:
+                body = exc
+            if body is None:
+                return  # the client left before sending it all
+        else:
+            body = bytes(cycle.body)
+            cycle.body.clear()
+            if len(body) > self.limits.max_bytes:
+                body = PayloadTooLarge(f"request body over the limit of {self.limits.max_bytes}"
+                                       " bytes (controller.max_body_bytes)")
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()  # once: a getpid() on Python 3.11
+        await _serve(self.proxy, scope["path"], _request_headers(scope), ex, body, loop, scope,
+                     receive)
+
+
+def _nothing() -> None:
+    pass
 
 
 @data_routes.get("/v1/models", name="models")  # the OpenAPI operation keeps its id

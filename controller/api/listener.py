@@ -14,6 +14,8 @@
 - A client that goes away before its answer is complete is told to the data plane at once
   (``ClientGone``, in the request's scope), without a task per request waiting on
   ``receive()`` for it.
+- The inference requests are served by the protocol itself, not through the ASGI app
+  (``lane``: ``data.WireLane``); uvicorn still parses them and keeps every limit above.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ import asyncio
 import logging
 import resource
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, cast
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from controller.config import ControllerSettings
 from controller.router.upstream import Upstream
@@ -61,11 +63,18 @@ def client_gone(scope: Mapping[str, Any]) -> ClientGone | None:
     return gone if isinstance(gone, ClientGone) else None
 
 
+# Serves a request without its ASGI app: returns the coroutine that answers it, or None where
+# the app should (``data.WireLane``).
+Lane = Callable[[RequestResponseCycle], Coroutine[Any, Any, None] | None]
+
+
 class HeaderTimeoutProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol plus a deadline for each request's headers, and an idle
-    connection kept ``LINGER_S`` at shutdown (``shutdown``)."""
+    """uvicorn's httptools protocol plus a deadline for each request's headers, an idle
+    connection kept ``LINGER_S`` at shutdown (``shutdown``), and the requests its ``lane``
+    takes served without the ASGI app."""
 
     header_timeout_s = 10.0  # set per listener by ``protocol_class``
+    lane: Lane | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -131,6 +140,16 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         if self._closing and self.cycle is not None:
             self.cycle.keep_alive = False
 
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        # ``app`` is not the app when uvicorn answers 503 over its connection cap.
+        served = self.lane(cycle) if self.lane is not None and app is self.app else None
+        if served is None:
+            super()._start_asgi_task(cycle, app)
+            return
+        task = self.loop.create_task(served)
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)  # counted against the cap, and waited for at shutdown
+
     def on_response_complete(self) -> None:
         self._disarm()  # the keep-alive timer takes over until the next request begins
         super().on_response_complete()
@@ -138,16 +157,19 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             self._linger()
 
 
-def protocol_class(header_timeout_s: float) -> type[HeaderTimeoutProtocol]:
+def protocol_class(header_timeout_s: float, lane: Lane | None = None
+                   ) -> type[HeaderTimeoutProtocol]:
     return type("ControllerHttpProtocol", (HeaderTimeoutProtocol,),
-                {"header_timeout_s": header_timeout_s})
+                {"header_timeout_s": header_timeout_s, "lane": staticmethod(lane)
+                 if lane is not None else None})
 
 
-def server_config(app: Any, cs: ControllerSettings) -> uvicorn.Config:
+def server_config(app: Any, cs: ControllerSettings, lane: Lane | None = None) -> uvicorn.Config:
+    """``lane``: the requests served without ``app`` (``data.WireLane``)."""
     # log_config=None: uvicorn's loggers go through the controller's own handler and format.
     return uvicorn.Config(app, host=cs.host, port=cs.port, log_level="warning", log_config=None,
                           access_log=False, proxy_headers=False,
-                          http=protocol_class(cs.header_timeout_s),
+                          http=protocol_class(cs.header_timeout_s, lane),
                           # the kernel spreads connections evenly over the processes
                           limit_concurrency=-(-cs.max_connections // cs.data_processes),
                           timeout_keep_alive=cs.keep_alive_s,  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.api import create_app
+from controller.api.data import WireLane
 from controller.api.listener import (
     ControllerServer,
     end_requests,
@@ -141,7 +142,8 @@ def _serve(settings: Settings, after_start: Any = None) -> int:
     cs = settings.controller
     st: AppState = app.state.pdctl
     pool, sockets = _router_workers(st)
-    server = ControllerServer(server_config(app, cs), lambda: end_requests(st.upstream),
+    server = ControllerServer(server_config(app, cs, WireLane(st.proxy, cs)),
+                              lambda: end_requests(st.upstream),
                               pool.terminate if pool else None)
 
     async def main() -> None:

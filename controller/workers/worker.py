@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from controller.api.data import DataPlane
+from controller.api.data import DataPlane, WireLane
 from controller.api.listener import (
     ControllerServer,
     end_requests,
@@ -225,7 +225,7 @@ async def serve(settings: Settings, index: int, rundir: Path, port: int) -> None
     cs = settings.controller
     relay = Relay(rundir / "control.sock")
     app = DataPlane(relay, proxy, cs)
-    config = server_config(app, cs)
+    config = server_config(app, cs, WireLane(proxy, cs))
     config.lifespan = "off"
     server = ControllerServer(config, lambda: end_requests(upstream))
     sending = asyncio.create_task(link.send_loop())
