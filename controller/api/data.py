@@ -1,11 +1,13 @@
 """Data plane routes (``/v1/*``): OpenAI-compatible, errors in OpenAI's shape.
 
-``POST /v1/completions`` and ``POST /v1/chat/completions`` are served by ``DataPlane``, a
-plain ASGI layer in front of the FastAPI app: every client request passes through it, so it
-skips the framework's routing, dependency and response machinery and keeps one helper task
-per request at most (the disconnect watch, where the server does not tell a client's going:
-the controller's own listener does, ``listener.ClientGone``). ``GET /v1/models`` is an
-ordinary FastAPI route.
+``POST /v1/completions`` and ``POST /v1/chat/completions`` are served by ``WireLane`` in the
+controller's listener (and its router workers'): the listener's protocol hands it the parsed
+request, with no ASGI app in between. Under any other ASGI server (the tests' clients)
+``DataPlane``, a plain ASGI layer in front of the FastAPI app, serves them instead; both
+answer through ``_serve``, skipping the framework's routing, dependency and response
+machinery, with one helper task per request at most (the disconnect watch, where the
+server does not tell a client's going: the controller's own listener does,
+``listener.ClientGone``). ``GET /v1/models`` is an ordinary FastAPI route.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ which configuration layer wins in ``pdctl lab``."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -12,7 +13,9 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httptools
 import httpx
 import pytest
 import yaml
@@ -24,7 +27,8 @@ from tests.integration.harness import DATA_WORKERS, ControllerProc, start_contro
 @pytest.fixture(scope="module")
 def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerProc]:
     c = start_controller(tmp_path_factory.mktemp("listener"), {
-        "controller": {"header_timeout_s": 1.0, "keep_alive_s": 1.0, "max_connections": 12},
+        "controller": {"header_timeout_s": 1.0, "keep_alive_s": 1.0, "max_connections": 12,
+                       "max_body_bytes": 4096},
         "pools": {"prefill": {"size": 0, "tp": 2}, "decode": {"size": 1, "tp": 2}}})
     yield c
     c.stop()
@@ -98,6 +102,111 @@ def test_connections_over_the_cap_get_503(edge: ControllerProc) -> None:
             s.close()
     edge.wait(lambda: httpx.get(f"{edge.url}/healthz", timeout=5).status_code == 200, 5,
               "the listener to accept again")
+
+
+# ---- the inference routes on the wire (``data.WireLane``: no ASGI app in between) ----
+
+
+class Answers:
+    """The HTTP answers read from one connection, in order (httptools' response parser)."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.done: list[dict[str, Any]] = []
+        self._cur: dict[str, Any] = {}
+
+    def on_message_begin(self) -> None:
+        self._cur = {"headers": {}, "body": b""}
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._cur["headers"][name.decode().lower()] = value.decode()
+
+    def on_headers_complete(self) -> None:
+        self._cur["status"] = self.parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        self._cur["body"] += body
+
+    def on_message_complete(self) -> None:
+        self.done.append(self._cur)
+
+    def read(self, s: socket.socket, n: int) -> list[dict[str, Any]]:
+        s.settimeout(20)
+        while len(self.done) < n:
+            chunk = s.recv(65536)
+            assert chunk, f"the connection closed after {len(self.done)} of {n} answers"
+            self.parser.feed_data(chunk)
+        return self.done
+
+
+def completion(rid: str, stream: bool, headers: bytes = b"") -> tuple[bytes, bytes]:
+    body = json.dumps({"model": "llama-3-70b", "prompt": f"hello {rid}", "max_tokens": 3,
+                       "stream": stream}).encode()
+    head = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"x-request-id: %b\r\ncontent-length: %d\r\n%b\r\n" % (rid.encode(), len(body),
+                                                                   headers))
+    return head, body
+
+
+def check_answer(a: dict[str, Any], rid: str, stream: bool) -> None:
+    assert a["status"] == 200 and a["headers"]["x-request-id"] == rid, a
+    if stream:
+        assert a["headers"]["transfer-encoding"] == "chunked", a["headers"]
+        assert a["body"].rstrip().endswith(b"data: [DONE]"), a["body"]
+    else:
+        assert int(a["headers"]["content-length"]) == len(a["body"]), a["headers"]
+        assert json.loads(a["body"])["choices"][0]["text"], a["body"]
+
+
+def test_inference_requests_in_pieces_pipelined_and_after_100_continue(
+        edge: ControllerProc) -> None:
+    answers = Answers()
+    with connect(edge) as s:
+        # The body in three reads, the last after a pause: read whole before it is routed.
+        head, body = completion("pieces", False)
+        s.sendall(head)
+        time.sleep(0.2)
+        s.sendall(body[:10])
+        time.sleep(0.2)
+        s.sendall(body[10:])
+        check_answer(answers.read(s, 1)[0], "pieces", False)
+        # Three requests in one write: answered in order on the same connection.
+        sent = [("p1", True), ("p2", False), ("p3", True)]
+        s.sendall(b"".join(b"".join(completion(rid, stream)) for rid, stream in sent))
+        for a, (rid, stream) in zip(answers.read(s, 4)[1:], sent, strict=True):
+            check_answer(a, rid, stream)
+        # Expect: 100-continue, then the body once the server said to go on.
+        head, body = completion("ask-first", True, b"expect: 100-continue\r\n")
+        s.sendall(head)
+        s.settimeout(10)
+        assert s.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        s.sendall(body)
+        check_answer(answers.read(s, 5)[4], "ask-first", True)
+        # The client says it closes: so does the server, after the answer.
+        s.sendall(b"".join(completion("last", False, b"connection: close\r\n")))
+        last = answers.read(s, 6)[5]
+        check_answer(last, "last", False)
+        assert last["headers"]["connection"] == "close"
+        took, rest = closed_after(s, 5)
+        assert rest == b"" and took < 2
+    status = {r["id"]: r["status"] for r in edge.get("/requests", limit=10_000)}
+    for rid in ("pieces", "p1", "p2", "p3", "ask-first", "last"):
+        assert status.get(rid) == "ok", (rid, status.get(rid))
+
+
+def test_a_body_over_the_limit_in_one_read_is_413_and_the_connection_closed(
+        edge: ControllerProc) -> None:
+    body = json.dumps({"model": "llama-3-70b", "prompt": "x" * 5000, "max_tokens": 1}).encode()
+    with connect(edge) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+                  b"\r\nx-request-id: too-big\r\ncontent-length: %d\r\n\r\n%b"
+                  % (len(body), body))
+        a = Answers().read(s, 1)[0]
+        assert a["status"] == 413 and a["headers"]["connection"] == "close", a
+        assert "max_body_bytes" in json.loads(a["body"])["error"]["message"]
+        assert closed_after(s, 5)[1] == b""
+    assert [r["status"] for r in edge.get("/requests", limit=10_000)
+            if r["id"] == "too-big"] == ["rejected"]
 
 
 # ---- finding 10: a SIGKILLed controller's instances are accounted for at the next start ----
