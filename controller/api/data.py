@@ -4,8 +4,8 @@
 controller's listener (and its router workers'): the listener's protocol hands it the parsed
 request, with no ASGI app in between. Under any other ASGI server (the tests' clients)
 ``DataPlane``, a plain ASGI layer in front of the FastAPI app, serves them instead; both
-answer through ``_serve``, skipping the framework's routing, dependency and response
-machinery, with one helper task per request at most (the disconnect watch, where the
+answer through ``_answer_body``, skipping the framework's routing, dependency and
+response machinery, with one helper task per request at most (the disconnect watch, where the
 server does not tell a client's going: the controller's own listener does,
 ``listener.ClientGone``). ``GET /v1/models`` is an ordinary FastAPI route.
 """
@@ -216,15 +216,15 @@ async def serve_request(proxy: Proxy, endpoint: str, scope: Scope, receive: Rece
     try:
         raw = await _read_body(receive, limits)
     except RoutingError as exc:
-        await _serve(proxy, endpoint, h, ex, exc, loop, scope, receive)
+        await _answer_body(proxy, endpoint, h, ex, exc, loop, scope, receive)
         return
     if raw is not None:
-        await _serve(proxy, endpoint, h, ex, raw, loop, scope, receive)
+        await _answer_body(proxy, endpoint, h, ex, raw, loop, scope, receive)
 
 
-async def _serve(proxy: Proxy, endpoint: str, h: _Headers, ex: _Exchange,
-                 body: bytes | RoutingError, loop: asyncio.AbstractEventLoop, scope: Scope,
-                 receive: Receive) -> None:
+async def _answer_body(proxy: Proxy, endpoint: str, h: _Headers, ex: _Exchange,
+                       body: bytes | RoutingError, loop: asyncio.AbstractEventLoop,
+                       scope: Scope, receive: Receive) -> None:
     """Answer one inference request whose body is read (or refused, ``body`` the reason)."""
     if isinstance(body, RoutingError):
         ctx = proxy.refused(endpoint, h.rid, body)
@@ -319,7 +319,7 @@ class WireLane:
     scope-bound ``receive``/``send`` messages, no application frames on every resumption of
     the request's task, the body taken as the parser left it when it came whole with the
     headers (the usual case), and the response head written with its first body part. The
-    answers, records and errors are ``DataPlane``'s: the same ``_serve``."""
+    answers, records and errors are ``DataPlane``'s: the same ``_answer_body``."""
 
     def __init__(self, proxy: Proxy, cs: ControllerSettings) -> None:
         self.proxy = proxy
@@ -377,8 +377,8 @@ class WireLane:
         loop = self._loop
         if loop is None or loop.is_closed():
             loop = self._loop = asyncio.get_running_loop()  # once: a getpid() on Python 3.11
-        await _serve(self.proxy, scope["path"], _request_headers(scope), ex, body, loop, scope,
-                     receive)
+        await _answer_body(self.proxy, scope["path"], _request_headers(scope), ex, body, loop,
+                           scope, receive)
 
 
 def _nothing() -> None:
