@@ -144,6 +144,10 @@ class BodyLimits:
     max_bytes: int
     timeout_s: float
 
+    def too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(f"request body over the limit of {self.max_bytes} bytes "
+                               "(controller.max_body_bytes)")
+
 
 async def _read_body(receive: Receive, limits: BodyLimits) -> bytes | None:
     """The request body, or None when the client left before sending all of it. Raises
@@ -160,8 +164,7 @@ async def _read_body(receive: Receive, limits: BodyLimits) -> bytes | None:
                 chunk = msg.get("body", b"")
                 size += len(chunk)
                 if size > limits.max_bytes:
-                    raise PayloadTooLarge(f"request body over the limit of {limits.max_bytes} "
-                                          "bytes (controller.max_body_bytes)")
+                    raise limits.too_large()
                 chunks.append(chunk)
                 if not msg.get("more_body"):
                     return b"".join(chunks)
@@ -285,47 +288,57 @@ async def refuse_unauthorized(ex: _Exchange) -> None:
     await ex.respond(status, body, None, extra=[(b"www-authenticate", b"Bearer")])
 
 
-class DataPlane:
-    """ASGI middleware: the OpenAI inference routes, straight to the proxy; everything else
-    (and the lifespan) goes on to the FastAPI app. With ``controller.api_key`` every
-    ``/v1/*`` request must send it as a bearer token."""
-
-    def __init__(self, app: ASGIApp, proxy: Proxy, cs: ControllerSettings) -> None:
-        self.app = app
-        self.proxy = proxy
-        self.limits = BodyLimits(cs.max_body_bytes, cs.body_timeout_s)
-        self._key = f"Bearer {cs.api_key}".encode() if cs.api_key else None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (self._key is not None and scope["type"] == "http"
-                and scope["path"].startswith("/v1/") and not authorized(scope, self._key)):
-            await refuse_unauthorized(_Exchange(send))
-            return
-        if (scope["type"] == "http" and scope["path"] in ENDPOINTS
-                and scope["method"] == "POST"):
-            loop = self._loop
-            if loop is None or loop.is_closed():
-                # Looked up once: on Python 3.11 each lookup is a getpid() system call.
-                loop = self._loop = asyncio.get_running_loop()
-            await serve_request(self.proxy, scope["path"], scope, receive, send, loop, self.limits)
-            return
-        await self.app(scope, receive, send)
-
-
-class WireLane:
-    """The inference routes served by the listener's protocol itself
-    (``listener.protocol_class``), with no ASGI between the connection and the proxy: no
-    scope-bound ``receive``/``send`` messages, no application frames on every resumption of
-    the request's task, the body taken as the parser left it when it came whole with the
-    headers (the usual case), and the response head written with its first body part. The
-    answers, records and errors are ``DataPlane``'s: the same ``_answer_body``."""
+class _InferenceRoutes:
+    """What both ways into the inference routes (``DataPlane``, ``WireLane``) hold: the
+    proxy, the body's limits, the API key every ``/v1/*`` request must send
+    (``controller.api_key``), and the running loop."""
 
     def __init__(self, proxy: Proxy, cs: ControllerSettings) -> None:
         self.proxy = proxy
         self.limits = BodyLimits(cs.max_body_bytes, cs.body_timeout_s)
         self._key = f"Bearer {cs.api_key}".encode() if cs.api_key else None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _unauthorized(self, scope: Scope) -> bool:
+        return self._key is not None and not authorized(scope, self._key)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            # Looked up once: on Python 3.11 each lookup is a getpid() system call.
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
+
+class DataPlane(_InferenceRoutes):
+    """ASGI middleware: the OpenAI inference routes, straight to the proxy; everything else
+    (and the lifespan) goes on to the FastAPI app. With ``controller.api_key`` every
+    ``/v1/*`` request must send it as a bearer token."""
+
+    def __init__(self, app: ASGIApp, proxy: Proxy, cs: ControllerSettings) -> None:
+        super().__init__(proxy, cs)
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["path"].startswith("/v1/")
+                and self._unauthorized(scope)):
+            await refuse_unauthorized(_Exchange(send))
+            return
+        if (scope["type"] == "http" and scope["path"] in ENDPOINTS
+                and scope["method"] == "POST"):
+            await serve_request(self.proxy, scope["path"], scope, receive, send,
+                                self._running_loop(), self.limits)
+            return
+        await self.app(scope, receive, send)
+
+
+class WireLane(_InferenceRoutes):
+    """The inference routes served by the listener's protocol itself
+    (``listener.protocol_class``), with no ASGI between the connection and the proxy: no
+    scope-bound ``receive``/``send`` messages, no application frames on every resumption of
+    the request's task, the body taken as the parser left it when it came whole with the
+    headers (the usual case), and the response head written with its first body part. The
+    answers, records and errors are ``DataPlane``'s: the same ``_answer_body``."""
 
     def __call__(self, cycle: RequestResponseCycle) -> Coroutine[Any, Any, None] | None:
         """The coroutine serving ``cycle``'s request, or None: not an inference request."""
@@ -357,7 +370,7 @@ class WireLane:
         scope = cast(Scope, cycle.scope)
         receive = cast(Receive, cycle.receive)
         ex = _WireExchange(cycle)
-        if self._key is not None and not authorized(scope, self._key):
+        if self._unauthorized(scope):
             await refuse_unauthorized(ex)
             return
         body: bytes | RoutingError | None
@@ -372,13 +385,9 @@ class WireLane:
             body = bytes(cycle.body)
             cycle.body.clear()
             if len(body) > self.limits.max_bytes:
-                body = PayloadTooLarge(f"request body over the limit of {self.limits.max_bytes}"
-                                       " bytes (controller.max_body_bytes)")
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            loop = self._loop = asyncio.get_running_loop()  # once: a getpid() on Python 3.11
-        await _answer_body(self.proxy, scope["path"], _request_headers(scope), ex, body, loop,
-                           scope, receive)
+                body = self.limits.too_large()
+        await _answer_body(self.proxy, scope["path"], _request_headers(scope), ex, body,
+                           self._running_loop(), scope, receive)
 
 
 def _nothing() -> None:

@@ -10,22 +10,12 @@ import socket
 from typing import Any
 
 import pytest
-import uvicorn
 
 from controller.api.data import _Exchange, _watch
-from controller.api.listener import client_gone, protocol_class
+from controller.api.listener import client_gone
+from tests.unit.listener_server import serve_listener
 
 REQUEST = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
-
-
-async def _serve(app: Any) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off",
-                                           log_config=None, http=protocol_class(5.0)))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    return server, task, port
 
 
 async def _exchange(port: int, read_all: bool) -> None:
@@ -56,7 +46,7 @@ async def test_the_listener_tells_a_client_gone_mid_answer_only(complete: bool) 
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         await finished.wait()
 
-    server, task, port = await _serve(app)
+    server, task, port = await serve_listener(app)
     try:
         await _exchange(port, read_all=complete)
         if complete:

@@ -10,11 +10,10 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from controller.api.data import _WireExchange
-from controller.api.listener import protocol_class
+from tests.unit.listener_server import serve_listener
 
 
 async def _lane_answer(cycle: RequestResponseCycle) -> None:
@@ -46,12 +45,7 @@ async def served() -> Any:
                     "headers": [(b"content-length", b"3")]})
         await send({"type": "http.response.body", "body": b"app"})
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off",
-                                           log_config=None, http=protocol_class(5.0, lane)))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
+    server, task, port = await serve_listener(app, lane)
     try:
         yield f"http://127.0.0.1:{port}", seen
     finally:
